@@ -1,0 +1,107 @@
+# Grove's entry points: setup, build, run, test, bench, lint.
+# Everything is installed into .grove/ (git-ignored) from the package registries;
+# no root, no system packages. A second `make` redoes none of it (stamp files).
+SHELL := /bin/bash
+.DEFAULT_GOAL := build
+
+GROVE_BACKEND ?= cpu
+GROVE_HOME := $(CURDIR)/.grove
+PY_DIR := $(GROVE_HOME)/py
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip install --quiet --disable-pip-version-check --target
+MLX_VERSION := 0.32.2
+FIXTURES := $(GROVE_HOME)/fixtures
+CARGO ?= cargo
+CARGO_FLAGS ?= --release
+
+UNAME_S := $(shell uname -s)
+ifeq ($(UNAME_S),Darwin)
+  # On macOS the glue builds MLX from source with Metal; cmake and clang come from Xcode.
+  export CMAKE := cmake
+  SETUP_TARGETS := $(GROVE_HOME)/.py-stamp $(GROVE_HOME)/.mlx-c-stamp
+else
+  SETUP_TARGETS := $(GROVE_HOME)/.py-stamp $(GROVE_HOME)/.mlx-c-stamp
+  ifeq ($(GROVE_BACKEND),cuda)
+    # Built against the CPU wheel's headers (the ABI is the same); the binaries'
+    # RUNPATH points at the CUDA wheel's libmlx.so.
+    export GROVE_MLX_RUNTIME_LIB := $(GROVE_HOME)/cuda/mlx/lib
+    SETUP_TARGETS += $(GROVE_HOME)/.cuda-stamp
+  else ifneq ($(GROVE_BACKEND),cpu)
+    $(error GROVE_BACKEND must be cpu or cuda, not '$(GROVE_BACKEND)')
+  endif
+endif
+
+export PYTHONPATH := $(PY_DIR)
+export GROVE_FIXTURES := $(FIXTURES)
+PROFILE_DIR := $(if $(findstring --release,$(CARGO_FLAGS)),release,debug)
+BIN := $(CURDIR)/target/$(PROFILE_DIR)
+
+.PHONY: setup build run test bench lint fixtures clean distclean
+
+setup: $(SETUP_TARGETS)
+
+# Python packages: the MLX CPU wheel (libmlx.so + headers + CMake config, also the
+# Python `mlx` that mlx-lm uses as the reference), mlx-lm, tokenizers, and the build
+# tools cmake and libclang.
+$(GROVE_HOME)/.py-stamp:
+	@mkdir -p $(GROVE_HOME)
+	@echo "setup: Python packages into $(PY_DIR)"
+	$(PIP) $(PY_DIR) mlx==$(MLX_VERSION) mlx-cpu==$(MLX_VERSION) mlx-lm==$(MLX_VERSION) \
+	  tokenizers cmake libclang
+	@touch $@
+
+# mlx-c's sources come from the registry's mlx-sys 0.7.0 package, fetched by cargo
+# into its own cache and copied here; nothing of it is committed.
+$(GROVE_HOME)/.mlx-c-stamp:
+	@mkdir -p $(GROVE_HOME)/fetch-mlx-c/src $(GROVE_HOME)/src
+	@printf '[package]\nname = "fetch-mlx-c"\nversion = "0.0.0"\nedition = "2021"\n[dependencies]\nmlx-sys = "=0.7.0"\n[workspace]\n' \
+	  > $(GROVE_HOME)/fetch-mlx-c/Cargo.toml
+	@touch $(GROVE_HOME)/fetch-mlx-c/src/lib.rs
+	$(CARGO) fetch --manifest-path $(GROVE_HOME)/fetch-mlx-c/Cargo.toml
+	@src=$$($(CARGO) metadata --manifest-path $(GROVE_HOME)/fetch-mlx-c/Cargo.toml --format-version 1 \
+	  | $(PYTHON) -c 'import json,sys,os; m=json.load(sys.stdin); print(os.path.dirname([p["manifest_path"] for p in m["packages"] if p["name"]=="mlx-sys"][0]))') \
+	  && rm -rf $(GROVE_HOME)/src/mlx-c && cp -r "$$src/src/mlx-c" $(GROVE_HOME)/src/mlx-c \
+	  && echo "setup: mlx-c from $$src"
+	@touch $@
+
+$(GROVE_HOME)/.cuda-stamp:
+	@echo "setup: MLX CUDA wheel into $(GROVE_HOME)/cuda"
+	$(PIP) $(GROVE_HOME)/cuda mlx-cuda-13==$(MLX_VERSION)
+	@touch $@
+
+build: setup
+	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
+
+# Test models: tiny random-weight models and mlx-lm's reference outputs.
+fixtures: $(FIXTURES)/.stamp
+$(FIXTURES)/.stamp: tests/fixtures/make_fixtures.py $(GROVE_HOME)/.py-stamp
+	$(PYTHON) tests/fixtures/make_fixtures.py --out $(FIXTURES)
+	@touch $@
+
+# Grove's main job: generate text from GROVE_MODEL (a model directory), else from a
+# fixture model made on the spot, and print the text and its speeds.
+GROVE_PROMPT ?= Once upon a time in a quiet village,
+GROVE_MAX_TOKENS ?= 64
+run: build fixtures
+	@model="$${GROVE_MODEL:-$(FIXTURES)/llama-f32}"; \
+	echo "model: $$model"; \
+	$(BIN)/grove-runner generate --model "$$model" --prompt "$(GROVE_PROMPT)" \
+	  --max-tokens $(GROVE_MAX_TOKENS) --temperature 0
+
+test: build fixtures
+	$(CARGO) test $(CARGO_FLAGS) --workspace --no-fail-fast 2>&1 | tee $(GROVE_HOME)/test.log; \
+	  status=$${PIPESTATUS[0]}; \
+	  $(PYTHON) tests/summary.py $(GROVE_HOME)/test.log; exit $$status
+
+bench: build fixtures
+	$(PYTHON) tests/bench/bench.py --runner $(BIN)/grove-runner --fixtures $(FIXTURES)
+
+lint: setup
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy $(CARGO_FLAGS) --workspace --all-targets -- -D warnings
+
+clean:
+	$(CARGO) clean
+
+distclean: clean
+	rm -rf $(GROVE_HOME)

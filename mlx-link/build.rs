@@ -1,0 +1,148 @@
+//! Builds mlx-c and generates its Rust bindings.
+//!
+//! Inputs (set by the Makefile, or by `.cargo/config.toml` for plain `cargo`):
+//! - `GROVE_MLX_C_DIR`: mlx-c's sources, unpacked from the registry's mlx-sys 0.7.0
+//!   package at set-up time (nothing of it is committed here).
+//! - `GROVE_MLX_PREFIX` (Linux): an MLX install prefix holding `lib/libmlx.so`,
+//!   `include/` and `share/cmake/MLX/`, i.e. the `mlx/` folder of the `mlx-cpu` or
+//!   `mlx-cuda-13` wheel.
+//! - `CMAKE`, `LIBCLANG_PATH`: the cmake binary and libclang (both from PyPI).
+//!
+//! Steps: 1. configure and build mlx-c with CMake; 2. tell rustc what to link;
+//! 3. run bindgen over every `mlx/c/*.h`.
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn required_dir(var: &str, what: &str) -> PathBuf {
+    println!("cargo:rerun-if-env-changed={var}");
+    let Some(value) = env::var_os(var) else {
+        panic!("{var} is not set: it must point at {what}. Run `make setup` first.");
+    };
+    let path = PathBuf::from(value);
+    if !path.is_dir() {
+        panic!(
+            "{var}={} is not a directory: it must point at {what}. Run `make setup` first.",
+            path.display()
+        );
+    }
+    path
+}
+
+fn headers(mlx_c: &Path) -> Vec<PathBuf> {
+    let dir = mlx_c.join("mlx/c");
+    let mut found: Vec<PathBuf> = fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "h"))
+        .collect();
+    found.sort();
+    found
+}
+
+fn main() {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets it"));
+    let target_os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+    let mlx_c = required_dir("GROVE_MLX_C_DIR", "mlx-c's source tree");
+    println!("cargo:rerun-if-changed=cxx/compat.h");
+    println!("cargo:rerun-if-changed=cxx/bindgen.h");
+
+    // 1. Configure and build mlx-c.
+    let mut cfg = cmake::Config::new(&mlx_c);
+    cfg.define("MLX_C_BUILD_EXAMPLES", "OFF")
+        .define("BUILD_SHARED_LIBS", "OFF")
+        // A debug mlx-c only slows every FFI call; nothing of it is debugged here.
+        .profile("Release");
+    let lib_dir = if target_os == "macos" {
+        // MLX is built from source with Metal, as the crates.io mlx-sys does.
+        cfg.define("MLX_BUILD_METAL", "ON")
+            .define("MLX_BUILD_ACCELERATE", "ON");
+        None
+    } else {
+        let prefix = required_dir(
+            "GROVE_MLX_PREFIX",
+            "an MLX prefix (the `mlx/` folder of the mlx-cpu or mlx-cuda-13 wheel)",
+        );
+        let cmake_dir = prefix.join("share/cmake/MLX");
+        if !cmake_dir.join("MLXConfig.cmake").is_file() {
+            panic!(
+                "{} has no MLXConfig.cmake: GROVE_MLX_PREFIX must be an MLX install prefix",
+                cmake_dir.display()
+            );
+        }
+        let compat = manifest.join("cxx/compat.h");
+        cfg.define("MLX_C_USE_SYSTEM_MLX", "ON")
+            .define("CMAKE_PREFIX_PATH", &prefix)
+            .define("MLX_DIR", &cmake_dir)
+            .cxxflag(format!("-include {}", compat.display()));
+        Some(prefix.join("lib"))
+    };
+    let dst = cfg.build();
+
+    // 2. Link: the static mlx-c, then MLX itself.
+    for sub in ["lib", "lib64", "build"] {
+        println!("cargo:rustc-link-search=native={}", dst.join(sub).display());
+    }
+    println!("cargo:rustc-link-lib=static=mlxc");
+    match &lib_dir {
+        Some(lib) => {
+            println!("cargo:rustc-link-search=native={}", lib.display());
+            println!("cargo:rustc-link-lib=dylib=mlx");
+            println!("cargo:rustc-link-lib=dylib=stdc++");
+            // Dependents with their own build script read this as DEP_MLX_LIB_DIR.
+            println!("cargo:lib_dir={}", lib.display());
+        }
+        None => {
+            let build = dst.join("build");
+            println!("cargo:rustc-link-search=native={}/_deps/mlx-build", build.display());
+            println!("cargo:rustc-link-lib=static=mlx");
+            println!("cargo:rustc-link-lib=c++");
+            println!("cargo:rustc-link-lib=dylib=objc");
+            println!("cargo:rustc-link-lib=framework=Foundation");
+            println!("cargo:rustc-link-lib=framework=Metal");
+            println!("cargo:rustc-link-lib=framework=Accelerate");
+        }
+    }
+
+    // 3. Bindings.
+    let mut builder = bindgen::Builder::default()
+        .clang_arg(format!("-I{}", mlx_c.display()))
+        .blocklist_type("float16_t")
+        .blocklist_type("bfloat16_t")
+        .blocklist_function("malloc")
+        .blocklist_function("realloc")
+        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()));
+    if target_os != "macos" {
+        builder = builder.clang_arg(format!(
+            "-include{}",
+            manifest.join("cxx/bindgen.h").display()
+        ));
+        // libclang from PyPI ships no builtin headers (float.h, stddef.h): use the
+        // C compiler's.
+        if let Some(dir) = compiler_include_dir() {
+            builder = builder.clang_arg(format!("-isystem{}", dir.display()));
+        }
+    }
+    for header in headers(&mlx_c) {
+        builder = builder.header(header.to_string_lossy());
+    }
+    let bindings = builder
+        .generate()
+        .unwrap_or_else(|e| panic!("bindgen failed over {}: {e}", mlx_c.display()));
+    bindings
+        .write_to_file(out.join("bindings.rs"))
+        .expect("writing bindings.rs into OUT_DIR");
+}
+
+/// The C compiler's own include directory (`cc -print-file-name=include`).
+fn compiler_include_dir() -> Option<PathBuf> {
+    let cc = env::var("CC").unwrap_or_else(|_| "cc".into());
+    let output = Command::new(cc)
+        .arg("-print-file-name=include")
+        .output()
+        .ok()?;
+    let dir = PathBuf::from(String::from_utf8(output.stdout).ok()?.trim());
+    dir.join("stddef.h").is_file().then_some(dir)
+}

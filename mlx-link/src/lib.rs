@@ -1,0 +1,35 @@
+//! Raw bindings to mlx-c, generated at build time by `build.rs`, with the Rust
+//! surface mlx-rs 0.33.0 expects from `mlx-sys` 0.7.0.
+//!
+//! # Layout
+//! - `bindings.rs` (in `OUT_DIR`): bindgen's output over every `mlx/c/*.h` header.
+//! - `float16_t`, `bfloat16_t`: the 16-bit float carriers, declared here because
+//!   the C headers only name them on aarch64.
+//! - `mach_approximate_time`: the one Mach call mlx-rs makes (to seed
+//!   `RandomState::new`), supplied off Apple platforms.
+#![allow(non_upper_case_globals)]
+#![allow(non_camel_case_types)]
+#![allow(non_snake_case)]
+#![allow(clippy::all)]
+#![allow(unsafe_op_in_unsafe_fn)]
+
+/// IEEE half-precision bits, as mlx-rs reads them (`f16::from_bits(x.0)`).
+#[repr(transparent)]
+#[derive(Debug, Default, Copy, Clone, PartialEq, Eq)]
+pub struct float16_t(pub u16);
+
+/// bfloat16 bits, as mlx-rs reads them (`bf16::from_bits(x)`).
+pub type bfloat16_t = u16;
+
+include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+
+/// Off Apple platforms there is no Mach clock; mlx-rs only uses this value as a
+/// seed, so nanoseconds since the Unix epoch serve.
+#[cfg(not(target_vendor = "apple"))]
+#[unsafe(no_mangle)]
+pub extern "C" fn mach_approximate_time() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
