@@ -89,9 +89,7 @@ run: build fixtures
 	  --max-tokens $(GROVE_MAX_TOKENS) --temperature 0
 
 test: build fixtures
-	$(CARGO) test $(CARGO_FLAGS) --workspace --no-fail-fast 2>&1 | tee $(GROVE_HOME)/test.log; \
-	  status=$${PIPESTATUS[0]}; \
-	  $(PYTHON) tests/summary.py $(GROVE_HOME)/test.log; exit $$status
+	$(CARGO) test $(CARGO_FLAGS) --workspace --no-fail-fast
 
 bench: build fixtures
 	$(PYTHON) tests/bench/bench.py --runner $(BIN)/grove-runner --fixtures $(FIXTURES)

@@ -96,7 +96,10 @@ fn main() {
         }
         None => {
             let build = dst.join("build");
-            println!("cargo:rustc-link-search=native={}/_deps/mlx-build", build.display());
+            println!(
+                "cargo:rustc-link-search=native={}/_deps/mlx-build",
+                build.display()
+            );
             println!("cargo:rustc-link-lib=static=mlx");
             println!("cargo:rustc-link-lib=c++");
             println!("cargo:rustc-link-lib=dylib=objc");

@@ -1,0 +1,189 @@
+//! The `grove-runner` command line. `generate` runs one prompt through a model
+//! and prints the text (or one JSON object) with its speeds.
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use serde::Serialize;
+
+use crate::error::{Result, RunnerError};
+use crate::generate::{GenerateOutput, GenerateParams, generate};
+use crate::model;
+use crate::tokenizer::Tokenizer;
+
+/// Grove's per-model process.
+#[derive(Debug, Parser)]
+#[command(name = "grove-runner", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// What to do.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Generate a completion for one prompt and print it with its speeds.
+    Generate(GenerateArgs),
+}
+
+/// Arguments of `grove-runner generate`.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// Model directory (config.json, *.safetensors, tokenizer.json).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Prompt text (tokenized with the model's tokenizer; BOS added as mlx-lm does).
+    #[arg(
+        long,
+        conflicts_with = "prompt_tokens",
+        required_unless_present = "prompt_tokens"
+    )]
+    pub prompt: Option<String>,
+    /// Prompt as token ids, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    pub prompt_tokens: Option<Vec<u32>>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Seed for sampling at temperature > 0.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Prompt tokens per prefill forward pass.
+    #[arg(long, default_value_t = 2048)]
+    pub prefill_chunk: usize,
+    /// Print one JSON object instead of streamed text.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the last prompt position's logits (JSON array of floats) here.
+    #[arg(long)]
+    pub dump_logits: Option<PathBuf>,
+}
+
+/// `--json` output.
+#[derive(Debug, Serialize)]
+struct JsonReport<'a> {
+    tokens: &'a [u32],
+    text: &'a str,
+    prompt_tokens: usize,
+    prompt_tps: f64,
+    decode_tps: f64,
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Generate(args) => run_generate(args),
+    }
+}
+
+fn run_generate(args: GenerateArgs) -> Result<()> {
+    let model = model::load(&args.model)?;
+    let tokenizer = Tokenizer::load(&args.model, &model.raw_config)?;
+    let prompt = match (&args.prompt, &args.prompt_tokens) {
+        (Some(text), _) => tokenizer.encode_prompt(text)?,
+        (None, Some(ids)) => ids.clone(),
+        (None, None) => {
+            return Err(RunnerError::Request(
+                "give --prompt or --prompt-tokens".into(),
+            ));
+        }
+    };
+    let params = GenerateParams {
+        max_tokens: args.max_tokens,
+        prefill_chunk: args.prefill_chunk,
+        temperature: args.temperature,
+        seed: args.seed,
+        capture_logits: args.dump_logits.is_some(),
+    };
+    let mut stream = (!args.json).then(|| TextStream::new(&tokenizer));
+    let out = generate(&model, &prompt, tokenizer.eos_ids(), &params, |t| {
+        if let Some(s) = stream.as_mut() {
+            s.push(t);
+        }
+    })?;
+    if let (Some(path), Some(logits)) = (&args.dump_logits, &out.prompt_logits) {
+        let text =
+            serde_json::to_string(logits).map_err(|e| RunnerError::Request(e.to_string()))?;
+        std::fs::write(path, text).map_err(|source| RunnerError::Read {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    let text = tokenizer.decode(&out.tokens)?;
+    if args.json {
+        let report = JsonReport {
+            tokens: &out.tokens,
+            text: &text,
+            prompt_tokens: out.prompt_tokens,
+            prompt_tps: out.prompt_tps(),
+            decode_tps: out.decode_tps(),
+        };
+        println!(
+            "{}",
+            serde_json::to_string(&report).map_err(|e| RunnerError::Request(e.to_string()))?
+        );
+    } else {
+        if let Some(s) = stream.as_mut() {
+            s.finish();
+        }
+        print_speeds(&out);
+    }
+    Ok(())
+}
+
+fn print_speeds(out: &GenerateOutput) {
+    println!();
+    println!(
+        "prompt: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s ({:?})",
+        out.prompt_tokens,
+        out.prompt_tps(),
+        out.tokens.len(),
+        out.decode_tps(),
+        out.finish
+    );
+}
+
+/// Prints text as tokens arrive, holding back an incomplete UTF-8 sequence.
+struct TextStream<'a> {
+    tokenizer: &'a Tokenizer,
+    tokens: Vec<u32>,
+    printed: usize,
+}
+
+impl<'a> TextStream<'a> {
+    fn new(tokenizer: &'a Tokenizer) -> Self {
+        Self {
+            tokenizer,
+            tokens: Vec::new(),
+            printed: 0,
+        }
+    }
+
+    fn push(&mut self, token: u32) {
+        self.tokens.push(token);
+        self.flush(false);
+    }
+
+    fn finish(&mut self) {
+        self.flush(true);
+    }
+
+    fn flush(&mut self, last: bool) {
+        let Ok(text) = self.tokenizer.decode(&self.tokens) else {
+            return;
+        };
+        if (!last && text.ends_with('\u{FFFD}'))
+            || text.len() < self.printed
+            || !text.is_char_boundary(self.printed)
+        {
+            return;
+        }
+        let mut stdout = std::io::stdout().lock();
+        let _ = stdout.write_all(&text.as_bytes()[self.printed..]);
+        let _ = stdout.flush();
+        self.printed = text.len();
+    }
+}

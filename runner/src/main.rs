@@ -1,0 +1,15 @@
+//! `grove-runner`: see the library's `cli` module.
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = grove_runner::cli::Cli::parse();
+    match grove_runner::cli::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("grove-runner: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! What every architecture shares from `config.json`: which architecture it is,
+//! and how its weights are quantized. Each architecture file parses the rest
+//! into its own serde `Config`.
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::{Result, RunnerError};
+
+/// The architecture families the runner implements, from `architectures[0]`
+/// (falling back to `model_type`). Parsed in this one place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+}
+
+impl Architecture {
+    /// Picks the architecture from the raw config.
+    pub fn from_config(path: &Path, raw: &Value) -> Result<Self> {
+        let named = raw
+            .get("architectures")
+            .and_then(Value::as_array)
+            .and_then(|a| a.first())
+            .and_then(Value::as_str);
+        let model_type = raw.get("model_type").and_then(Value::as_str);
+        let found = match named {
+            Some("LlamaForCausalLM") => Some(Self::Llama),
+            Some("MistralForCausalLM") => Some(Self::Mistral),
+            Some("Qwen2ForCausalLM") => Some(Self::Qwen2),
+            Some("Qwen3ForCausalLM") => Some(Self::Qwen3),
+            Some(_) => None,
+            None => match model_type {
+                Some("llama") => Some(Self::Llama),
+                Some("mistral") => Some(Self::Mistral),
+                Some("qwen2") => Some(Self::Qwen2),
+                Some("qwen3") => Some(Self::Qwen3),
+                _ => None,
+            },
+        };
+        found.ok_or_else(|| RunnerError::Config {
+            path: path.to_owned(),
+            message: format!(
+                "unsupported architecture {} (model_type {}); supported: \
+                 LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
+                named.unwrap_or("<none>"),
+                model_type.unwrap_or("<none>")
+            ),
+        })
+    }
+
+    /// The lower-case family name, as in `model_type`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Mistral => "mistral",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// MLX's quantization modes. Only affine (scales + biases) is implemented.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum QuantMode {
+    #[default]
+    Affine,
+}
+
+/// How one quantized layer is packed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct QuantParams {
+    pub group_size: i32,
+    pub bits: i32,
+    #[serde(default)]
+    pub mode: QuantMode,
+}
+
+impl QuantParams {
+    fn check(self, path: &Path, what: &str) -> Result<Self> {
+        let bits_ok = matches!(self.bits, 2 | 3 | 4 | 5 | 6 | 8);
+        let group_ok = matches!(self.group_size, 32 | 64 | 128);
+        if bits_ok && group_ok {
+            Ok(self)
+        } else {
+            Err(config_error(
+                path,
+                format!(
+                    "{what}: unsupported quantization bits={} group_size={} \
+                     (bits 2,3,4,5,6,8; group 32,64,128)",
+                    self.bits, self.group_size
+                ),
+            ))
+        }
+    }
+}
+
+/// The `quantization` block of an MLX config: defaults plus per-layer overrides
+/// keyed by module path (`false` = that layer stays dense).
+#[derive(Debug, Clone, Default)]
+pub struct Quantization {
+    pub default: Option<QuantParams>,
+    overrides: HashMap<String, Option<QuantParams>>,
+}
+
+impl Quantization {
+    /// Parses `quantization` (or `quantization_config`) from the raw config.
+    pub fn from_config(path: &Path, raw: &Value) -> Result<Self> {
+        let Some(block) = raw
+            .get("quantization")
+            .or_else(|| raw.get("quantization_config"))
+        else {
+            return Ok(Self::default());
+        };
+        let Some(map) = block.as_object() else {
+            return Err(config_error(path, "quantization must be an object".into()));
+        };
+        let default: QuantParams = serde_json::from_value(block.clone())
+            .map_err(|e| config_error(path, format!("quantization: {e}")))?;
+        let default = default.check(path, "quantization")?;
+        let mut overrides = HashMap::new();
+        for (key, value) in map {
+            match value {
+                Value::Object(_) => {
+                    let p: QuantParams = serde_json::from_value(value.clone())
+                        .map_err(|e| config_error(path, format!("quantization.{key}: {e}")))?;
+                    overrides.insert(key.clone(), Some(p.check(path, key)?));
+                }
+                Value::Bool(false) => {
+                    overrides.insert(key.clone(), None);
+                }
+                _ => {}
+            }
+        }
+        Ok(Self {
+            default: Some(default),
+            overrides,
+        })
+    }
+
+    /// The packing of the module at `path` (e.g. `model.layers.0.mlp.up_proj`),
+    /// if the checkpoint quantizes it.
+    pub fn for_layer(&self, module: &str) -> Option<QuantParams> {
+        match self.overrides.get(module) {
+            Some(explicit) => *explicit,
+            None => self.default,
+        }
+    }
+}
+
+/// Reads and parses `config.json` of a model directory.
+pub fn read_config(dir: &Path) -> Result<(PathBuf, Value)> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|source| RunnerError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let raw: Value = serde_json::from_str(&text)
+        .map_err(|e| config_error(&path, format!("not valid JSON: {e}")))?;
+    if !raw.is_object() {
+        return Err(config_error(&path, "must be a JSON object".into()));
+    }
+    Ok((path, raw))
+}
+
+/// Parses the raw config into an architecture's typed `Config`.
+pub fn typed<T: serde::de::DeserializeOwned>(path: &Path, raw: &Value) -> Result<T> {
+    serde_json::from_value(raw.clone()).map_err(|e| config_error(path, e.to_string()))
+}
+
+/// A config error at `path`.
+pub fn config_error(path: &Path, message: String) -> RunnerError {
+    RunnerError::Config {
+        path: path.to_owned(),
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn architecture_from_name_or_type() {
+        let p = Path::new("c");
+        let a = |v| Architecture::from_config(p, &v);
+        assert_eq!(
+            a(json!({"architectures": ["Qwen3ForCausalLM"]})).unwrap(),
+            Architecture::Qwen3
+        );
+        assert_eq!(
+            a(json!({"model_type": "mistral"})).unwrap(),
+            Architecture::Mistral
+        );
+        let err = a(json!({"architectures": ["GPT2LMHeadModel"]}))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("GPT2LMHeadModel"), "{err}");
+    }
+
+    #[test]
+    fn quantization_overrides() {
+        let p = Path::new("c");
+        let q = Quantization::from_config(
+            p,
+            &json!({"quantization": {"group_size": 64, "bits": 4, "mode": "affine",
+                "model.layers.0.mlp.gate": {"group_size": 64, "bits": 8},
+                "lm_head": false}}),
+        )
+        .unwrap();
+        assert_eq!(q.for_layer("model.layers.1.mlp.up_proj").unwrap().bits, 4);
+        assert_eq!(q.for_layer("model.layers.0.mlp.gate").unwrap().bits, 8);
+        assert!(q.for_layer("lm_head").is_none());
+        let bad =
+            Quantization::from_config(p, &json!({"quantization": {"group_size": 64, "bits": 7}}));
+        assert!(bad.unwrap_err().to_string().contains("bits=7"));
+        let mode = Quantization::from_config(
+            p,
+            &json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}}),
+        );
+        assert!(mode.is_err());
+    }
+}

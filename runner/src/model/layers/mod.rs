@@ -1,0 +1,8 @@
+//! Building blocks shared by the architectures.
+pub mod attention;
+pub mod decoder;
+pub mod embedding;
+pub mod linear;
+pub mod mlp;
+pub mod norm;
+pub mod rope;

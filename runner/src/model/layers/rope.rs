@@ -1,0 +1,200 @@
+//! Rotary position embeddings (`mx.fast.rope`) with the scaling variants of HF
+//! configs, computed as mlx-lm's `initialize_rope` does.
+use std::path::Path;
+
+use mlx_rs::error::Exception;
+use mlx_rs::ops::{arange, select};
+use mlx_rs::{Array, fast};
+use serde::Deserialize;
+
+use crate::error::Result;
+use crate::model::config::config_error;
+
+/// `rope_scaling` as written in config.json. HF uses both `type` and `rope_type`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RopeScalingConfig {
+    #[serde(default)]
+    pub rope_type: Option<String>,
+    #[serde(default, rename = "type")]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub factor: Option<f64>,
+    #[serde(default)]
+    pub low_freq_factor: Option<f64>,
+    #[serde(default)]
+    pub high_freq_factor: Option<f64>,
+    #[serde(default)]
+    pub original_max_position_embeddings: Option<f64>,
+}
+
+/// The scaling variants the runner implements.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Scaling {
+    None,
+    Linear {
+        factor: f64,
+    },
+    Llama3 {
+        factor: f64,
+        low: f64,
+        high: f64,
+        original: f64,
+    },
+}
+
+impl Scaling {
+    fn parse(path: &Path, cfg: Option<&RopeScalingConfig>) -> Result<Self> {
+        let Some(cfg) = cfg else {
+            return Ok(Self::None);
+        };
+        let name = cfg
+            .kind
+            .as_deref()
+            .or(cfg.rope_type.as_deref())
+            .unwrap_or("default");
+        let factor = || {
+            cfg.factor
+                .filter(|f| f.is_finite() && *f > 0.0)
+                .ok_or_else(|| {
+                    config_error(path, format!("rope_scaling {name} needs a positive factor"))
+                })
+        };
+        match name {
+            "default" => Ok(Self::None),
+            "linear" => Ok(Self::Linear { factor: factor()? }),
+            "llama3" => {
+                let (low, high) = (
+                    cfg.low_freq_factor.unwrap_or(1.0),
+                    cfg.high_freq_factor.unwrap_or(4.0),
+                );
+                if high <= low {
+                    return Err(config_error(
+                        path,
+                        "rope_scaling llama3 needs high_freq_factor > low_freq_factor".into(),
+                    ));
+                }
+                Ok(Self::Llama3 {
+                    factor: factor()?,
+                    low,
+                    high,
+                    original: cfg.original_max_position_embeddings.unwrap_or(8192.0),
+                })
+            }
+            other => Err(config_error(
+                path,
+                format!(
+                    "unsupported rope_scaling type {other:?} (supported: default, linear, llama3)"
+                ),
+            )),
+        }
+    }
+}
+
+/// Rotates the first `dims` features of each head by position.
+#[derive(Clone)]
+pub struct Rope {
+    dims: i32,
+    traditional: bool,
+    base: Option<f32>,
+    scale: f32,
+    freqs: Option<Array>,
+}
+
+impl Rope {
+    /// Builds the rotation for heads of `dims` features.
+    pub fn new(
+        path: &Path,
+        dims: i32,
+        base: f64,
+        traditional: bool,
+        scaling: Option<&RopeScalingConfig>,
+    ) -> Result<Self> {
+        if !(base.is_finite() && base > 0.0) {
+            return Err(config_error(
+                path,
+                format!("rope_theta must be positive, not {base}"),
+            ));
+        }
+        let rope = match Scaling::parse(path, scaling)? {
+            Scaling::None => Self {
+                dims,
+                traditional,
+                base: Some(base as f32),
+                scale: 1.0,
+                freqs: None,
+            },
+            Scaling::Linear { factor } => Self {
+                dims,
+                traditional,
+                base: Some(base as f32),
+                scale: (1.0 / factor) as f32,
+                freqs: None,
+            },
+            Scaling::Llama3 {
+                factor,
+                low,
+                high,
+                original,
+            } => Self {
+                dims,
+                traditional,
+                base: None,
+                scale: 1.0,
+                freqs: Some(
+                    llama3_freqs(dims, base, factor, low, high, original).map_err(|e| {
+                        config_error(path, format!("computing llama3 rope frequencies: {e}"))
+                    })?,
+                ),
+            },
+        };
+        Ok(rope)
+    }
+
+    /// Applies the rotation to `x` (`[B, heads, L, head_dim]`) at position `offset`.
+    pub fn forward(&self, x: &Array, offset: i32) -> Result<Array, Exception> {
+        fast::rope(
+            x,
+            self.dims,
+            self.traditional,
+            self.base,
+            self.scale,
+            offset,
+            self.freqs.as_ref(),
+        )
+    }
+}
+
+/// Llama 3's wavelength-dependent frequencies, in the same float32 operations
+/// as mlx-lm's `Llama3RoPE` (Python scalars are folded in double first).
+fn llama3_freqs(
+    dims: i32,
+    base: f64,
+    factor: f64,
+    low: f64,
+    high: f64,
+    original: f64,
+) -> Result<Array, Exception> {
+    let f = |v: f64| Array::from_f32(v as f32);
+    let exponents = arange::<_, f32>(0, dims, 2)?.divide(f(dims as f64))?;
+    let freqs = f(base).power(&exponents)?;
+    let wavelens = freqs.multiply(f(2.0 * std::f64::consts::PI))?;
+    let low_wavelen = original / low;
+    let high_wavelen = original / high;
+    let freqs = select(
+        &wavelens.gt(f(low_wavelen))?,
+        &freqs.multiply(f(factor))?,
+        &freqs,
+    )?;
+    let medium = wavelens
+        .gt(f(high_wavelen))?
+        .logical_and(&wavelens.lt(f(low_wavelen))?)?;
+    let smooth = f(original)
+        .divide(&wavelens)?
+        .subtract(f(low))?
+        .divide(f(high - low))?;
+    let denom = f(1.0).subtract(&smooth)?.divide(f(factor))?.add(&smooth)?;
+    let smooth_freqs = freqs.divide(&denom)?;
+    let out = select(&medium, &smooth_freqs, &freqs)?;
+    out.eval()?;
+    Ok(out)
+}

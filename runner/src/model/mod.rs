@@ -1,0 +1,93 @@
+//! Models: reading a model directory (config.json + safetensors) into a
+//! runnable decoder.
+//!
+//! `config.rs` parses what all architectures share and picks the
+//! [`Architecture`]; one file per architecture holds its serde `Config`;
+//! `layers/` holds the building blocks and the shared decoder.
+pub mod config;
+pub mod layers;
+pub mod llama;
+pub mod mistral;
+pub mod qwen2;
+pub mod qwen3;
+pub mod weights;
+
+use std::path::Path;
+
+use mlx_rs::Array;
+use serde_json::Value;
+
+pub use config::{Architecture, QuantParams, Quantization};
+use layers::decoder::{Decoder, DecoderSpec};
+use weights::Weights;
+
+use crate::error::{MlxPhase, Result};
+
+/// A loaded model and the facts about it.
+pub struct Model {
+    pub architecture: Architecture,
+    pub decoder: Decoder,
+    pub spec: DecoderSpec,
+    pub quantization: Option<QuantParams>,
+    /// The model's own context limit (`max_position_embeddings`), if it states one.
+    pub max_position_embeddings: Option<u32>,
+    /// Bytes of all weight arrays.
+    pub weight_bytes: usize,
+    /// The parsed config.json, for the tokenizer's BOS/EOS lookup.
+    pub raw_config: Value,
+}
+
+/// Loads the model in `dir`: validates the config, loads and checks every
+/// tensor, and evaluates the weights so loading errors surface here.
+pub fn load(dir: &Path) -> Result<Model> {
+    let (path, raw) = config::read_config(dir)?;
+    let architecture = Architecture::from_config(&path, &raw)?;
+    let quantization = Quantization::from_config(&path, &raw)?;
+    let mut weights = Weights::load(dir)?;
+    let has_lm_head = weights.contains("lm_head.weight");
+    let (spec, max_positions) = match architecture {
+        Architecture::Llama => {
+            let c: llama::Config = config::typed(&path, &raw)?;
+            (c.spec(&path, has_lm_head)?, c.max_position_embeddings)
+        }
+        Architecture::Mistral => {
+            let c: mistral::Config = config::typed(&path, &raw)?;
+            (c.spec(&path, has_lm_head)?, c.llama.max_position_embeddings)
+        }
+        Architecture::Qwen2 => {
+            let c: qwen2::Config = config::typed(&path, &raw)?;
+            (c.spec(&path)?, Some(c.max_position_embeddings))
+        }
+        Architecture::Qwen3 => {
+            let c: qwen3::Config = config::typed(&path, &raw)?;
+            (c.spec(&path)?, Some(c.base.max_position_embeddings))
+        }
+    };
+    let decoder = Decoder::load(&path, &mut weights, &quantization, &spec)?;
+    weights.finish()?;
+    let params = decoder.parameters();
+    mlx_rs::transforms::eval(params.iter().copied()).phase("loading weights")?;
+    let weight_bytes = params.iter().map(|a| a.nbytes()).sum();
+    Ok(Model {
+        architecture,
+        decoder,
+        spec,
+        quantization: quantization.default,
+        max_position_embeddings: max_positions,
+        weight_bytes,
+        raw_config: raw,
+    })
+}
+
+impl Model {
+    /// The dtype the model computes in (that of its norms' weights).
+    pub fn dtype(&self) -> mlx_rs::Dtype {
+        self.decoder.compute_dtype()
+    }
+
+    /// A token-id prompt as the `[1, L]` int32 array the decoder takes.
+    pub fn tokens_array(ids: &[u32]) -> Array {
+        let ids: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+        Array::from_slice(&ids, &[1, ids.len() as i32])
+    }
+}

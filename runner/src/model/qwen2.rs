@@ -1,0 +1,81 @@
+//! Qwen2 / Qwen2.5: Llama's decoder with biases on the q, k and v projections.
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::layers::attention::AttentionShape;
+use super::layers::decoder::DecoderSpec;
+use super::layers::rope::RopeScalingConfig;
+use crate::error::Result;
+
+/// `config.json` of a `Qwen2ForCausalLM`, with mlx-lm's defaults.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Config {
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub rms_norm_eps: f32,
+    pub vocab_size: i32,
+    pub num_key_value_heads: i32,
+    #[serde(default = "default_max_positions")]
+    pub max_position_embeddings: u32,
+    #[serde(default = "default_theta")]
+    pub rope_theta: f64,
+    #[serde(default)]
+    pub rope_traditional: bool,
+    #[serde(default)]
+    pub rope_scaling: Option<RopeScalingConfig>,
+    #[serde(default = "default_tie")]
+    pub tie_word_embeddings: bool,
+}
+
+fn default_max_positions() -> u32 {
+    32_768
+}
+fn default_theta() -> f64 {
+    1_000_000.0
+}
+fn default_tie() -> bool {
+    true
+}
+
+impl Config {
+    /// The decoder this config describes.
+    pub fn spec(&self, _path: &Path) -> Result<DecoderSpec> {
+        Ok(self.spec_with(None, true, None))
+    }
+
+    /// Shared with Qwen3, which changes the head size, the biases and adds q/k norms.
+    pub(super) fn spec_with(
+        &self,
+        head_dim: Option<i32>,
+        qkv_bias: bool,
+        qk_norm_eps: Option<f32>,
+    ) -> DecoderSpec {
+        let heads = self.num_attention_heads;
+        DecoderSpec {
+            vocab: self.vocab_size,
+            layers: self.num_hidden_layers,
+            intermediate: self.intermediate_size,
+            rms_eps: self.rms_norm_eps,
+            attention: AttentionShape {
+                hidden: self.hidden_size,
+                heads,
+                kv_heads: self.num_key_value_heads,
+                head_dim: head_dim.unwrap_or(if heads > 0 {
+                    self.hidden_size / heads
+                } else {
+                    0
+                }),
+                qkv_bias,
+                o_bias: false,
+                qk_norm_eps,
+            },
+            rope_theta: self.rope_theta,
+            rope_traditional: self.rope_traditional,
+            rope_scaling: self.rope_scaling.clone(),
+            tie_embeddings: self.tie_word_embeddings,
+        }
+    }
+}

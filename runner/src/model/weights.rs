@@ -1,0 +1,163 @@
+//! Loading safetensors (one file or a sharded index) into named MLX arrays, and
+//! handing them out to layers with errors that name the missing tensor.
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use mlx_rs::{Array, Dtype};
+use serde::Deserialize;
+
+use crate::error::{Result, RunnerError};
+
+/// The tensors of a checkpoint, taken out one by one as layers are built.
+pub struct Weights {
+    tensors: HashMap<String, Array>,
+}
+
+#[derive(Deserialize)]
+struct Index {
+    weight_map: HashMap<String, String>,
+}
+
+impl Weights {
+    /// Loads every safetensors file of `dir`: the files named by
+    /// `model.safetensors.index.json` if present, else `model.safetensors`, else
+    /// all `*.safetensors` files.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let files = safetensors_files(dir)?;
+        let mut tensors = HashMap::new();
+        for file in files {
+            let loaded = Array::load_safetensors(&file).map_err(|e| {
+                RunnerError::Weights(format!(
+                    "{}: not a readable safetensors file: {e}",
+                    file.display()
+                ))
+            })?;
+            tensors.extend(loaded);
+        }
+        Ok(Self { tensors })
+    }
+
+    /// Wraps tensors already in memory (tests).
+    pub fn from_map(tensors: HashMap<String, Array>) -> Self {
+        Self { tensors }
+    }
+
+    /// Whether a tensor of this name exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Takes a tensor out, checking its shape.
+    pub fn take(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
+        let array = self
+            .tensors
+            .remove(name)
+            .ok_or_else(|| RunnerError::Weights(format!("missing tensor {name}")))?;
+        if array.shape() != shape {
+            return Err(RunnerError::Weights(format!(
+                "tensor {name} has shape {:?}, the config implies {shape:?}",
+                array.shape()
+            )));
+        }
+        Ok(array)
+    }
+
+    /// Takes a float tensor (float32, float16 or bfloat16), checking its shape.
+    pub fn take_float(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
+        let array = self.take(name, shape)?;
+        match array.dtype() {
+            Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16 => Ok(array),
+            other => Err(RunnerError::Weights(format!(
+                "tensor {name} has dtype {other:?}; expected float32, float16 or bfloat16"
+            ))),
+        }
+    }
+
+    /// Takes a packed quantized tensor (uint32), checking its shape.
+    pub fn take_packed(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
+        let array = self.take(name, shape)?;
+        if array.dtype() != Dtype::Uint32 {
+            return Err(RunnerError::Weights(format!(
+                "tensor {name} has dtype {:?}; quantized weights are packed uint32",
+                array.dtype()
+            )));
+        }
+        Ok(array)
+    }
+
+    /// Drops tensors the runner has no use for (e.g. precomputed rotary tables).
+    pub fn discard(&mut self, pred: impl Fn(&str) -> bool) {
+        self.tensors.retain(|name, _| !pred(name));
+    }
+
+    /// Fails if any tensor was not used: a checkpoint that does not match its
+    /// config must not load silently.
+    pub fn finish(self) -> Result<()> {
+        if self.tensors.is_empty() {
+            return Ok(());
+        }
+        let names: BTreeSet<&String> = self.tensors.keys().collect();
+        let shown: Vec<&str> = names.iter().take(8).map(|s| s.as_str()).collect();
+        Err(RunnerError::Weights(format!(
+            "{} unexpected tensors (the config does not describe them): {}{}",
+            names.len(),
+            shown.join(", "),
+            if names.len() > shown.len() {
+                ", ..."
+            } else {
+                ""
+            }
+        )))
+    }
+}
+
+fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        let text = std::fs::read_to_string(&index).map_err(|source| RunnerError::Read {
+            path: index.clone(),
+            source,
+        })?;
+        let parsed: Index = serde_json::from_str(&text)
+            .map_err(|e| RunnerError::Weights(format!("{}: {e}", index.display())))?;
+        let names: BTreeSet<String> = parsed.weight_map.into_values().collect();
+        let mut files = Vec::new();
+        for name in names {
+            if name.contains('/') || name.contains("..") {
+                return Err(RunnerError::Weights(format!(
+                    "{}: shard name {name:?} leaves the model directory",
+                    index.display()
+                )));
+            }
+            let file = dir.join(&name);
+            if !file.is_file() {
+                return Err(RunnerError::Weights(format!(
+                    "{} names shard {name}, which does not exist",
+                    index.display()
+                )));
+            }
+            files.push(file);
+        }
+        return Ok(files);
+    }
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let entries = std::fs::read_dir(dir).map_err(|source| RunnerError::Read {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(RunnerError::Weights(format!(
+            "no safetensors files in {}",
+            dir.display()
+        )));
+    }
+    Ok(files)
+}

@@ -1,0 +1,117 @@
+//! The tokenizer (tokenizer.json through the `tokenizers` crate) and the
+//! special tokens a generation needs: BOS for prompts, the EOS set for stopping.
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{Result, RunnerError};
+
+/// A model's tokenizer with its BOS/EOS facts.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    bos: Option<String>,
+    eos_ids: Vec<u32>,
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path).map_err(|source| RunnerError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| RunnerError::Tokenizer(format!("{}: not valid JSON: {e}", path.display())))
+}
+
+/// A special token written as a string or as `{"content": ...}`.
+fn token_text(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content")?.as_str().map(str::to_owned),
+        _ => None,
+    }
+}
+
+/// `eos_token_id` as one id or a list.
+fn token_ids(v: Option<&Value>) -> Option<Vec<u32>> {
+    match v? {
+        Value::Number(n) => n.as_u64().map(|n| vec![n as u32]),
+        Value::Array(a) => Some(
+            a.iter()
+                .filter_map(Value::as_u64)
+                .map(|n| n as u32)
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+impl Tokenizer {
+    /// Loads `tokenizer.json` from `dir`; BOS/EOS come from `config` (config.json),
+    /// `generation_config.json` (its EOS wins, as in mlx-lm) and
+    /// `tokenizer_config.json` (its EOS token is always added to the set).
+    pub fn load(dir: &Path, config: &Value) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        if !path.is_file() {
+            return Err(RunnerError::Tokenizer(format!(
+                "{} does not exist",
+                path.display()
+            )));
+        }
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| RunnerError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let tok_config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
+        let gen_config = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
+
+        let mut eos: BTreeSet<u32> = token_ids(gen_config.get("eos_token_id"))
+            .or_else(|| token_ids(config.get("eos_token_id")))
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        if let Some(id) =
+            token_text(tok_config.get("eos_token")).and_then(|t| inner.token_to_id(&t))
+        {
+            eos.insert(id);
+        }
+        Ok(Self {
+            inner,
+            bos: token_text(tok_config.get("bos_token")),
+            eos_ids: eos.into_iter().collect(),
+        })
+    }
+
+    /// Tokenizes a text prompt as mlx-lm does: with the tokenizer's special
+    /// tokens (e.g. BOS) unless the text already starts with the BOS token.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        let add_special = match &self.bos {
+            Some(bos) => !text.starts_with(bos.as_str()),
+            None => true,
+        };
+        let encoding = self
+            .inner
+            .encode(text, add_special)
+            .map_err(|e| RunnerError::Tokenizer(format!("encoding the prompt: {e}")))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Decodes ids to text, special tokens included.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| RunnerError::Tokenizer(format!("decoding: {e}")))
+    }
+
+    /// The ids that end a generation.
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos_ids
+    }
+
+    /// The tokenizer's vocabulary size, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}

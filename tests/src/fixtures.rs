@@ -1,0 +1,72 @@
+//! The fixture models and mlx-lm's reference outputs for them.
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+
+/// The eight fixture models: four families, float32 and 4-bit.
+pub const MODELS: [&str; 8] = [
+    "llama-f32",
+    "llama-q4",
+    "mistral-f32",
+    "mistral-q4",
+    "qwen2-f32",
+    "qwen2-q4",
+    "qwen3-f32",
+    "qwen3-q4",
+];
+
+/// The fixture root: `GROVE_FIXTURES`, else `.grove/fixtures` in the checkout.
+/// Missing fixtures are an error, never a skipped test.
+pub fn root() -> Result<PathBuf> {
+    let dir = match std::env::var_os("GROVE_FIXTURES") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.grove/fixtures"),
+    };
+    if !dir.join("index.json").is_file() {
+        bail!(
+            "no fixtures at {} (run `make fixtures`, or set GROVE_FIXTURES)",
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
+
+/// The directory of one fixture model.
+pub fn model_dir(name: &str) -> Result<PathBuf> {
+    let dir = root()?.join(name);
+    if !dir.join("config.json").is_file() {
+        bail!("fixture model {} is missing", dir.display());
+    }
+    Ok(dir)
+}
+
+/// mlx-lm's outputs for one model.
+#[derive(Debug, Deserialize)]
+pub struct Reference {
+    pub model: String,
+    pub eos_token_ids: Vec<u32>,
+    pub cases: Vec<Case>,
+}
+
+/// One prompt and what mlx-lm made of it.
+#[derive(Debug, Deserialize)]
+pub struct Case {
+    pub name: String,
+    /// The text prompt, or `None` for a token-id case.
+    pub prompt: Option<String>,
+    pub prompt_tokens: Vec<u32>,
+    pub max_tokens: usize,
+    /// Greedy generated ids (EOS excluded).
+    pub tokens: Vec<u32>,
+    /// Last prompt position's logits.
+    pub logits: Vec<f32>,
+}
+
+/// Reads `reference.json` of a fixture model.
+pub fn reference(name: &str) -> Result<Reference> {
+    let path = model_dir(name)?.join("reference.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}

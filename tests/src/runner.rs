@@ -1,0 +1,67 @@
+//! Running the `grove-runner` binary.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+
+/// A built binary of the workspace: `GROVE_BIN_DIR`, else the directory above
+/// this test executable (`target/<profile>/deps/..`).
+pub fn binary(name: &str) -> Result<PathBuf> {
+    let dir = match std::env::var_os("GROVE_BIN_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let exe = std::env::current_exe()?;
+            exe.parent()
+                .and_then(Path::parent)
+                .map(Path::to_path_buf)
+                .context("test executable has no parent directory")?
+        }
+    };
+    let bin = dir.join(name);
+    if !bin.is_file() {
+        bail!("{} is not built (run `make build`)", bin.display());
+    }
+    Ok(bin)
+}
+
+/// `grove-runner generate --json` output.
+#[derive(Debug, Deserialize)]
+pub struct GenerateJson {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub prompt_tokens: usize,
+    pub prompt_tps: f64,
+    pub decode_tps: f64,
+}
+
+/// Runs `grove-runner` with `args` and returns its raw output.
+pub fn run(args: &[&str]) -> Result<Output> {
+    let bin = binary("grove-runner")?;
+    Command::new(&bin)
+        .args(args)
+        .output()
+        .with_context(|| format!("starting {}", bin.display()))
+}
+
+/// Runs `grove-runner generate --json` with `args`; fails on a non-zero exit.
+pub fn generate_json(args: &[&str]) -> Result<GenerateJson> {
+    let mut all = vec!["generate", "--json"];
+    all.extend_from_slice(args);
+    let out = run(&all)?;
+    if !out.status.success() {
+        bail!(
+            "grove-runner {:?} failed ({}): {}",
+            all,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let stdout = String::from_utf8(out.stdout).context("stdout is not UTF-8")?;
+    serde_json::from_str(stdout.trim()).with_context(|| format!("parsing {stdout:?}"))
+}
+
+/// The ids as the comma-separated list `--prompt-tokens` takes.
+pub fn ids_arg(ids: &[u32]) -> String {
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
