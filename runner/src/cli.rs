@@ -70,6 +70,8 @@ struct JsonReport<'a> {
     prompt_tokens: usize,
     prompt_tps: f64,
     decode_tps: f64,
+    /// `stop` (an EOS token) or `length` (`--max-tokens` reached).
+    finish_reason: &'static str,
 }
 
 /// Runs a parsed command line.
@@ -120,6 +122,7 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
             prompt_tokens: out.prompt_tokens,
             prompt_tps: out.prompt_tps(),
             decode_tps: out.decode_tps(),
+            finish_reason: out.finish.as_str(),
         };
         println!(
             "{}",

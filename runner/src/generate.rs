@@ -47,6 +47,16 @@ pub enum FinishReason {
     Length,
 }
 
+impl FinishReason {
+    /// The lower-case name (`stop`, `length`), as mlx-lm and ollama spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+        }
+    }
+}
+
 /// What a generation produced, with its timings.
 #[derive(Debug, Clone)]
 pub struct GenerateOutput {

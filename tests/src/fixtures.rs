@@ -59,6 +59,8 @@ pub struct Case {
     pub max_tokens: usize,
     /// Greedy generated ids (EOS excluded).
     pub tokens: Vec<u32>,
+    /// `stop` (EOS generated) or `length`.
+    pub finish_reason: String,
     /// Last prompt position's logits.
     pub logits: Vec<f32>,
 }

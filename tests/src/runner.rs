@@ -33,6 +33,7 @@ pub struct GenerateJson {
     pub prompt_tokens: usize,
     pub prompt_tps: f64,
     pub decode_tps: f64,
+    pub finish_reason: String,
 }
 
 /// Runs `grove-runner` with `args` and returns its raw output.

@@ -39,6 +39,13 @@ fn check_case(model: &str, case: &Case, extra: &[&str]) -> Result<()> {
         case.tokens
     );
     ensure!(out.prompt_tokens == case.prompt_tokens.len());
+    ensure!(
+        out.finish_reason == case.finish_reason,
+        "{model}/{}: finished by {}, mlx-lm by {}",
+        case.name,
+        out.finish_reason,
+        case.finish_reason
+    );
     let logits: Vec<f32> = serde_json::from_str(&std::fs::read_to_string(dump.path())?)?;
     ensure!(
         logits.len() == case.logits.len(),
