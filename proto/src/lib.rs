@@ -1,6 +1,14 @@
-//! Grove's protocols: `grove.v1` (the public API) and `grove.runner.v1` (daemon
-//! to runner). The .proto files and their generated Rust arrive with the runner
-//! and daemon issues; the crate exists now so the workspace layout is the real one.
+//! Grove's protocols and their generated Rust.
 //!
 //! # Layout
-//! - `grove/v1/grove.proto`, `grove/runner/v1/runner.proto` (to come).
+//! - `grove/runner/v1/runner.proto` -> [`runner::v1`]: daemon <-> runner, over a
+//!   Unix socket.
+//! - `grove/v1/grove.proto` (the public API) arrives with the daemon.
+
+/// The internal runner protocol.
+pub mod runner {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("grove.runner.v1");
+    }
+}

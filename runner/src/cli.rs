@@ -6,9 +6,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
+use crate::engine::EngineConfig;
 use crate::error::{Result, RunnerError};
 use crate::generate::{GenerateOutput, GenerateParams, generate};
 use crate::model;
+use crate::server::{self, ServeConfig};
 use crate::tokenizer::Tokenizer;
 
 /// Grove's per-model process.
@@ -24,6 +26,28 @@ pub struct Cli {
 pub enum Command {
     /// Generate a completion for one prompt and print it with its speeds.
     Generate(GenerateArgs),
+    /// Serve the model over gRPC on a Unix socket (grove.runner.v1.Runner).
+    Serve(ServeArgs),
+}
+
+/// Arguments of `grove-runner serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Model directory (config.json, *.safetensors, tokenizer.json).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Unix socket to listen on.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// Context limit for every request (tokens).
+    #[arg(long, env = "GROVE_CONTEXT_LENGTH")]
+    pub context_length: Option<usize>,
+    /// Prompt tokens per prefill pass.
+    #[arg(long, default_value_t = 2048)]
+    pub prefill_chunk: usize,
+    /// Requests that may wait for the engine; more are refused as busy.
+    #[arg(long, env = "GROVE_MAX_QUEUE", default_value_t = 16)]
+    pub queue: usize,
 }
 
 /// Arguments of `grove-runner generate`.
@@ -78,6 +102,48 @@ struct JsonReport<'a> {
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Generate(args) => run_generate(args),
+        Command::Serve(args) => run_serve(args),
+    }
+}
+
+fn run_serve(args: ServeArgs) -> Result<()> {
+    if args.prefill_chunk == 0 {
+        return Err(RunnerError::Request(
+            "--prefill-chunk must be at least 1".into(),
+        ));
+    }
+    let config = ServeConfig {
+        engine: EngineConfig {
+            model_dir: args.model,
+            context_length: args.context_length,
+            prefill_chunk: args.prefill_chunk,
+            queue: args.queue,
+        },
+        socket: args.socket,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| RunnerError::Request(format!("starting the async runtime: {e}")))?;
+    runtime
+        .block_on(server::run(config, shutdown_signal()))
+        .map_err(|e| RunnerError::Request(e.to_string()))
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 

@@ -41,10 +41,12 @@ impl Default for GenerateParams {
 /// Why a generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
-    /// The model produced an end-of-sequence token.
+    /// The model produced an end-of-sequence token, or the caller stopped it.
     Stop,
-    /// `max_tokens` were generated.
+    /// `max_tokens` were generated or the context is full.
     Length,
+    /// The caller cancelled during prefill.
+    Cancelled,
 }
 
 impl FinishReason {
@@ -53,6 +55,7 @@ impl FinishReason {
         match self {
             Self::Stop => "stop",
             Self::Length => "length",
+            Self::Cancelled => "cancelled",
         }
     }
 }
@@ -62,8 +65,12 @@ impl FinishReason {
 pub struct GenerateOutput {
     /// Generated ids (EOS excluded).
     pub tokens: Vec<u32>,
+    /// How many of `tokens` (from the first) were fed back and sit in the caches.
+    pub fed: usize,
     pub finish: FinishReason,
     pub prompt_tokens: usize,
+    /// Prompt tokens that came from the prompt cache.
+    pub cached_tokens: usize,
     /// From the start until the first generated token was known.
     pub prompt_seconds: f64,
     /// From the first generated token to the last.
@@ -73,6 +80,19 @@ pub struct GenerateOutput {
 }
 
 impl GenerateOutput {
+    fn cancelled(prompt_tokens: usize, cached_tokens: usize, start: Instant) -> Self {
+        Self {
+            tokens: Vec::new(),
+            fed: 0,
+            finish: FinishReason::Cancelled,
+            prompt_tokens,
+            cached_tokens,
+            prompt_seconds: start.elapsed().as_secs_f64(),
+            decode_seconds: 0.0,
+            prompt_logits: None,
+        }
+    }
+
     /// Prompt tokens per second of prefill.
     pub fn prompt_tps(&self) -> f64 {
         rate(self.prompt_tokens as f64, self.prompt_seconds)
@@ -137,8 +157,16 @@ fn step(model: &Model, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> 
     model.decoder.logits(&last).phase("forward")
 }
 
-/// Generates from `prompt`, calling `on_token` with each new id as soon as it
-/// is known. Greedy at temperature 0.
+/// What the caller wants after each token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    /// Stop now (cancelled, or a stop string matched).
+    Stop,
+}
+
+/// Generates from `prompt` with fresh KV caches, calling `on_token` with each
+/// new id as soon as it is known. Greedy at temperature 0.
 pub fn generate(
     model: &Model,
     prompt: &[u32],
@@ -146,8 +174,55 @@ pub fn generate(
     params: &GenerateParams,
     mut on_token: impl FnMut(u32),
 ) -> Result<GenerateOutput> {
+    let mut caches: Vec<KvCache> = (0..model.decoder.num_layers())
+        .map(|_| KvCache::new())
+        .collect();
+    let limits = Limits {
+        context: usize::MAX,
+        cancelled: &|| false,
+    };
+    generate_cached(model, &mut caches, 0, prompt, eos, params, &limits, |t| {
+        on_token(t);
+        Flow::Continue
+    })
+}
+
+/// Bounds a generation from outside.
+pub struct Limits<'a> {
+    /// Most tokens (prompt + generated) the caches may hold.
+    pub context: usize,
+    /// Checked between prefill chunks; true stops the work.
+    pub cancelled: &'a dyn Fn() -> bool,
+}
+
+/// Generates from `prompt` whose first `cached` tokens are already in `caches`
+/// (the prompt cache's reuse). On return the caches hold exactly the prompt and
+/// the generated tokens that were fed back (see [`GenerateOutput::fed`]).
+#[allow(clippy::too_many_arguments)]
+pub fn generate_cached(
+    model: &Model,
+    caches: &mut [KvCache],
+    cached: usize,
+    prompt: &[u32],
+    eos: &[u32],
+    params: &GenerateParams,
+    limits: &Limits<'_>,
+    mut on_token: impl FnMut(u32) -> Flow,
+) -> Result<GenerateOutput> {
     if prompt.is_empty() {
         return Err(RunnerError::Request("the prompt is empty".into()));
+    }
+    if cached >= prompt.len() {
+        return Err(RunnerError::Request(
+            "at least one prompt token must be evaluated".into(),
+        ));
+    }
+    if prompt.len() > limits.context {
+        return Err(RunnerError::Request(format!(
+            "the prompt has {} tokens, more than the context length of {}",
+            prompt.len(),
+            limits.context
+        )));
     }
     let vocab = model.spec.vocab as u32;
     if let Some(bad) = prompt.iter().find(|&&t| t >= vocab) {
@@ -167,20 +242,19 @@ pub fn generate(
         ));
     }
     let mut sampler = Sampler::new(params)?;
-    let mut caches: Vec<KvCache> = (0..model.decoder.num_layers())
-        .map(|_| KvCache::new())
-        .collect();
     let start = Instant::now();
+    // Generation may fill the context: max_tokens is capped by what is left.
+    let max_tokens = params.max_tokens.min(limits.context - prompt.len() + 1);
 
     // 1. Prefill all but the last prompt token in chunks; keep only the cache.
-    let mut done = 0;
+    let mut done = cached;
     while prompt.len() - done > 1 {
+        if (limits.cancelled)() {
+            return Ok(GenerateOutput::cancelled(prompt.len(), cached, start));
+        }
         let n = params.prefill_chunk.min(prompt.len() - done - 1);
         let chunk = Model::tokens_array(&prompt[done..done + n]);
-        let hidden = model
-            .decoder
-            .forward(&chunk, &mut caches)
-            .phase("prefill")?;
+        let hidden = model.decoder.forward(&chunk, caches).phase("prefill")?;
         drop(hidden);
         eval(caches.iter().flat_map(KvCache::arrays)).phase("prefill")?;
         mlx_rs::memory::clear_cache().phase("prefill")?;
@@ -188,7 +262,7 @@ pub fn generate(
     }
 
     // 2. The last prompt token gives the first logits.
-    let logits = step(model, &Model::tokens_array(&prompt[done..]), &mut caches)?;
+    let logits = step(model, &Model::tokens_array(&prompt[done..]), caches)?;
     let prompt_logits = if params.capture_logits {
         let l = logits.as_dtype(Dtype::Float32).phase("reading logits")?;
         eval([&l]).phase("reading logits")?;
@@ -205,10 +279,20 @@ pub fn generate(
     let mut first_at = None;
     let mut finish = FinishReason::Length;
     let mut prompt_seconds = 0.0;
-    while tokens.len() < params.max_tokens {
-        let next = if tokens.len() + 1 < params.max_tokens {
+    let mut fed = 0;
+    // The step dispatched but not read back when the loop ends (after an EOS or
+    // a stop): it is still evaluated asynchronously and must finish before its
+    // arrays (and, at exit, MLX itself) go away.
+    let mut in_flight = if max_tokens == 0 {
+        Some(y.clone())
+    } else {
+        None
+    };
+    while tokens.len() < max_tokens {
+        let next = if tokens.len() + 1 < max_tokens {
             let input = y.reshape(&[1, 1]).phase("decode")?;
-            let next = sampler.sample(&step(model, &input, &mut caches)?)?;
+            let next = sampler.sample(&step(model, &input, caches)?)?;
+            fed += 1;
             async_eval([&next]).phase("decode")?;
             Some(next)
         } else {
@@ -222,23 +306,40 @@ pub fn generate(
         }
         if eos.contains(&token) {
             finish = FinishReason::Stop;
+            in_flight = next;
             break;
         }
         tokens.push(token);
-        on_token(token);
+        if on_token(token) == Flow::Stop {
+            finish = FinishReason::Stop;
+            in_flight = next;
+            break;
+        }
         match next {
             Some(n) => y = n,
             None => break,
         }
     }
-    if params.max_tokens == 0 {
+    if let Some(pending) = in_flight {
+        eval([&pending]).phase("decode")?;
+    }
+    if max_tokens == 0 {
         prompt_seconds = start.elapsed().as_secs_f64();
     }
     let decode_seconds = first_at.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    // The caches hold the prompt and the `fed` tokens dispatched back into the
+    // model; a token fed after an EOS or a stop is not part of the text: drop it.
+    let fed = fed.min(tokens.len());
+    let keep = (prompt.len() + fed) as i32;
+    for cache in caches.iter_mut() {
+        cache.trim(cache.offset() - keep);
+    }
     Ok(GenerateOutput {
+        fed,
         tokens,
         finish,
         prompt_tokens: prompt.len(),
+        cached_tokens: cached,
         prompt_seconds,
         decode_seconds,
         prompt_logits,

@@ -1,18 +1,32 @@
 //! Grove's runner: one process that owns MLX, one model and its KV cache.
 //!
 //! # Layout
-//! - [`cli`]: the `grove-runner` command line (`generate`).
+//! - [`cli`]: the `grove-runner` command line (`generate`, `serve`).
+//! - [`server`]: the `grove.runner.v1` gRPC service on a Unix socket.
+//! - [`engine`]: the one thread that owns MLX, the model and the prompt cache.
+//! - [`memory`]: KV capacity and MLX limits from measured memory.
 //! - [`model`]: config parsing, safetensors loading, layers and one file per
 //!   architecture (llama, mistral, qwen2, qwen3).
 //! - [`cache`]: per-layer KV buffers grown in 256-token steps.
 //! - [`generate`]: chunked prefill and the pipelined decode loop.
+//! - [`detokenize`]: streaming token ids to text pieces, as mlx-lm's
+//!   streaming detokenizers do.
+//! - [`stop`]: stop strings over streamed text, holding back possible prefixes.
+//! - [`sample`]: mlx-lm's samplers and logits processors (top-p/min-p/top-k,
+//!   penalties, logit bias), seeded.
 //! - [`tokenizer`]: tokenizer.json plus the BOS/EOS facts a generation needs.
 //! - [`error`]: [`RunnerError`], whose variants name the failing phase.
 pub mod cache;
 pub mod cli;
+pub mod detokenize;
+pub mod engine;
 pub mod error;
 pub mod generate;
+pub mod memory;
 pub mod model;
+pub mod sample;
+pub mod server;
+pub mod stop;
 pub mod tokenizer;
 
 pub use error::RunnerError;

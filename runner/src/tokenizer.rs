@@ -98,6 +98,15 @@ impl Tokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// Tokenizes text, with or without the tokenizer's special tokens (BOS).
+    pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, add_special)
+            .map_err(|e| RunnerError::Tokenizer(format!("encoding: {e}")))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
     /// Decodes ids to text, special tokens included.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner
@@ -113,5 +122,10 @@ impl Tokenizer {
     /// The tokenizer's vocabulary size, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+
+    /// The underlying `tokenizers` tokenizer (e.g. for the detokenizer's tables).
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
     }
 }

@@ -6,5 +6,7 @@
 //!   `tests/fixtures/make_fixtures.py`) and its `reference.json` files (mlx-lm's
 //!   outputs).
 //! - [`runner`]: running `grove-runner generate` and parsing its output.
+//! - [`serve`]: a `grove-runner serve` process and a gRPC client on its socket.
 pub mod fixtures;
 pub mod runner;
+pub mod serve;

@@ -85,6 +85,19 @@ impl Model {
         self.decoder.compute_dtype()
     }
 
+    /// Parameters, counting each packed quantized weight as the values it holds.
+    pub fn parameter_count(&self) -> u64 {
+        let bits = self.quantization.map_or(32, |q| q.bits as u64);
+        self.decoder
+            .parameters()
+            .iter()
+            .map(|a| match a.dtype() {
+                mlx_rs::Dtype::Uint32 => a.size() as u64 * 32 / bits,
+                _ => a.size() as u64,
+            })
+            .sum()
+    }
+
     /// A token-id prompt as the `[1, L]` int32 array the decoder takes.
     pub fn tokens_array(ids: &[u32]) -> Array {
         let ids: Vec<i32> = ids.iter().map(|&t| t as i32).collect();

@@ -1,0 +1,14 @@
+//! Compiles the .proto files with protox (a protobuf compiler in pure Rust, so
+//! no `protoc` is needed) and generates the Rust with tonic-prost-build.
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = ["grove/runner/v1/runner.proto"];
+    for f in files {
+        println!("cargo:rerun-if-changed={f}");
+    }
+    let descriptors = protox::compile(files, ["."])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(descriptors)?;
+    Ok(())
+}

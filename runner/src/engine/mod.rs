@@ -1,0 +1,480 @@
+//! The engine: one OS thread that owns MLX, the model, the tokenizer and the
+//! prompt cache. Requests arrive over a bounded channel; each generation gets its
+//! own event channel, and a closed event channel is the cancellation signal.
+//! Health and status come from a [`Snapshot`] the thread publishes, so they
+//! never wait behind a prefill.
+pub mod prompt_cache;
+
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::error::{Result, RunnerError};
+use crate::generate::{FinishReason, Flow, GenerateParams, Limits, generate_cached};
+use crate::memory::{Budget, physical_memory};
+use crate::model::{self, Architecture, Model, QuantParams};
+use crate::tokenizer::Tokenizer;
+use prompt_cache::PromptCache;
+
+/// How the engine is set up.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub model_dir: PathBuf,
+    /// Context limit for every request (GROVE_CONTEXT_LENGTH); None = no extra limit.
+    pub context_length: Option<usize>,
+    /// Default prompt tokens per prefill pass.
+    pub prefill_chunk: usize,
+    /// Requests that may wait for the engine.
+    pub queue: usize,
+}
+
+/// Where loading stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadState {
+    Loading,
+    Ready,
+    Failed(String),
+    Stopping,
+}
+
+/// What the engine is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activity {
+    Idle,
+    Prefilling,
+    Decoding,
+}
+
+/// Facts about the loaded model.
+#[derive(Debug, Clone)]
+pub struct Facts {
+    pub architecture: Architecture,
+    pub dtype: mlx_rs::Dtype,
+    pub quantization: Option<QuantParams>,
+    pub parameter_count: u64,
+    pub context_length: usize,
+    pub max_position_embeddings: Option<u32>,
+    pub vocab_size: usize,
+    pub num_layers: usize,
+}
+
+/// Memory figures, refreshed after every request.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryFigures {
+    pub budget: Option<Budget>,
+    pub kv_bytes: u64,
+    pub cached_tokens: usize,
+    pub mlx_active: u64,
+    pub mlx_cache: u64,
+    pub mlx_peak: u64,
+}
+
+/// What the engine publishes for Health and Status.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub state: LoadState,
+    pub activity: Activity,
+    pub facts: Option<Facts>,
+    pub memory: MemoryFigures,
+}
+
+/// A prompt, as text or as ids.
+#[derive(Debug, Clone)]
+pub enum Input {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// One generation request.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub input: Input,
+    pub params: GenerateParams,
+    /// 0 = until the context is full.
+    pub max_tokens: usize,
+    /// 0 = the engine's context.
+    pub num_ctx: usize,
+    pub stop: Vec<String>,
+}
+
+/// Counters of one generation.
+#[derive(Debug, Clone, Default)]
+pub struct Metrics {
+    pub prompt_tokens: usize,
+    pub cached_prompt_tokens: usize,
+    pub prompt_eval: Duration,
+    pub eval_tokens: usize,
+    pub eval: Duration,
+}
+
+/// What a generation streams.
+#[derive(Debug)]
+pub enum Event {
+    /// The request was accepted; text follows.
+    Started,
+    Text(String),
+    Done {
+        reason: FinishReason,
+        metrics: Metrics,
+    },
+    /// The request failed (before `Started`: it was never accepted).
+    Error(RunnerError),
+}
+
+enum Request {
+    Generate {
+        job: Job,
+        events: mpsc::Sender<Event>,
+    },
+    Tokenize {
+        text: String,
+        add_special: bool,
+        reply: oneshot::Sender<Result<Vec<u32>>>,
+    },
+    Detokenize {
+        ids: Vec<u32>,
+        reply: oneshot::Sender<Result<String>>,
+    },
+}
+
+/// Why a request was not queued.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the runner is busy: {0} requests are already waiting")]
+    QueueFull(usize),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// The handle the gRPC handlers hold. Dropping every handle stops the engine.
+#[derive(Clone)]
+pub struct Engine {
+    requests: mpsc::Sender<Request>,
+    snapshot: watch::Receiver<Snapshot>,
+    queue: usize,
+}
+
+impl Engine {
+    /// Starts the engine thread; it loads the model in the background.
+    pub fn spawn(config: EngineConfig) -> std::io::Result<(Self, JoinHandle<()>)> {
+        let (requests, rx) = mpsc::channel(config.queue.max(1));
+        let (snap_tx, snapshot) = watch::channel(Snapshot {
+            state: LoadState::Loading,
+            activity: Activity::Idle,
+            facts: None,
+            memory: MemoryFigures::default(),
+        });
+        let queue = config.queue.max(1);
+        let thread = std::thread::Builder::new()
+            .name("grove-engine".into())
+            .spawn(move || Worker::run(config, rx, snap_tx))?;
+        Ok((
+            Self {
+                requests,
+                snapshot,
+                queue,
+            },
+            thread,
+        ))
+    }
+
+    /// The latest snapshot (never waits for the engine).
+    pub fn snapshot(&self) -> Snapshot {
+        self.snapshot.borrow().clone()
+    }
+
+    fn submit(&self, request: Request) -> std::result::Result<(), SubmitError> {
+        self.requests.try_send(request).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => SubmitError::QueueFull(self.queue),
+            mpsc::error::TrySendError::Closed(_) => SubmitError::Stopped,
+        })
+    }
+
+    /// Queues a generation; its events arrive on the returned channel.
+    pub fn generate(&self, job: Job) -> std::result::Result<mpsc::Receiver<Event>, SubmitError> {
+        let (events, rx) = mpsc::channel(64);
+        self.submit(Request::Generate { job, events })?;
+        Ok(rx)
+    }
+
+    /// Tokenizes text on the engine thread.
+    pub async fn tokenize(
+        &self,
+        text: String,
+        add_special: bool,
+    ) -> std::result::Result<Result<Vec<u32>>, SubmitError> {
+        let (reply, rx) = oneshot::channel();
+        self.submit(Request::Tokenize {
+            text,
+            add_special,
+            reply,
+        })?;
+        rx.await.map_err(|_| SubmitError::Stopped)
+    }
+
+    /// Decodes ids on the engine thread.
+    pub async fn detokenize(
+        &self,
+        ids: Vec<u32>,
+    ) -> std::result::Result<Result<String>, SubmitError> {
+        let (reply, rx) = oneshot::channel();
+        self.submit(Request::Detokenize { ids, reply })?;
+        rx.await.map_err(|_| SubmitError::Stopped)
+    }
+}
+
+/// Sends `event`, waiting while the reader is slow; false once it has gone.
+fn send(events: &mpsc::Sender<Event>, mut event: Event) -> bool {
+    loop {
+        match events.try_send(event) {
+            Ok(()) => return true,
+            Err(mpsc::error::TrySendError::Closed(_)) => return false,
+            Err(mpsc::error::TrySendError::Full(back)) => {
+                event = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+struct Loaded {
+    model: Model,
+    tokenizer: Tokenizer,
+    cache: PromptCache,
+    budget: Budget,
+    context: usize,
+}
+
+struct Worker {
+    config: EngineConfig,
+    snapshot: watch::Sender<Snapshot>,
+}
+
+impl Worker {
+    fn run(
+        config: EngineConfig,
+        mut rx: mpsc::Receiver<Request>,
+        snapshot: watch::Sender<Snapshot>,
+    ) {
+        let worker = Self { config, snapshot };
+        let mut loaded = match worker.load() {
+            Ok(l) => Some(l),
+            Err(e) => {
+                worker
+                    .snapshot
+                    .send_modify(|s| s.state = LoadState::Failed(e.to_string()));
+                None
+            }
+        };
+        while let Some(request) = rx.blocking_recv() {
+            match (request, loaded.as_mut()) {
+                (Request::Generate { job, events }, Some(l)) => worker.generate(l, job, &events),
+                (
+                    Request::Tokenize {
+                        text,
+                        add_special,
+                        reply,
+                    },
+                    Some(l),
+                ) => {
+                    let _ = reply.send(l.tokenizer.encode(&text, add_special));
+                }
+                (Request::Detokenize { ids, reply }, Some(l)) => {
+                    let _ = reply.send(l.tokenizer.decode(&ids));
+                }
+                (request, None) => {
+                    let err = || RunnerError::Request("the model failed to load".into());
+                    match request {
+                        Request::Generate { events, .. } => {
+                            send(&events, Event::Error(err()));
+                        }
+                        Request::Tokenize { reply, .. } => drop(reply.send(Err(err()))),
+                        Request::Detokenize { reply, .. } => drop(reply.send(Err(err()))),
+                    }
+                }
+            }
+        }
+        worker
+            .snapshot
+            .send_modify(|s| s.state = LoadState::Stopping);
+    }
+
+    fn load(&self) -> Result<Loaded> {
+        let model = model::load(&self.config.model_dir)?;
+        let tokenizer = Tokenizer::load(&self.config.model_dir, &model.raw_config)?;
+        let budget = Budget::new(&model, physical_memory(), self.config.prefill_chunk as u64);
+        budget.apply().map_err(|e| RunnerError::Mlx {
+            phase: "setting memory limits",
+            message: e.to_string(),
+        })?;
+        let mut context = budget.kv_capacity_tokens as usize;
+        if let Some(max) = model.max_position_embeddings {
+            context = context.min(max as usize);
+        }
+        if let Some(limit) = self.config.context_length {
+            context = context.min(limit);
+        }
+        if context < 2 {
+            return Err(RunnerError::Request(format!(
+                "not enough memory for a KV cache: {} bytes total, {} of weights",
+                budget.memory_total, budget.weight_bytes
+            )));
+        }
+        let facts = Facts {
+            architecture: model.architecture,
+            dtype: model.dtype(),
+            quantization: model.quantization,
+            parameter_count: model.parameter_count(),
+            context_length: context,
+            max_position_embeddings: model.max_position_embeddings,
+            vocab_size: model.spec.vocab as usize,
+            num_layers: model.decoder.num_layers(),
+        };
+        let cache = PromptCache::new(model.decoder.num_layers());
+        let loaded = Loaded {
+            model,
+            tokenizer,
+            cache,
+            budget,
+            context,
+        };
+        self.snapshot.send_modify(|s| {
+            s.state = LoadState::Ready;
+            s.facts = Some(facts);
+        });
+        self.publish_memory(&loaded);
+        Ok(loaded)
+    }
+
+    fn publish_memory(&self, l: &Loaded) {
+        let figures = MemoryFigures {
+            budget: Some(l.budget),
+            kv_bytes: l.cache.nbytes() as u64,
+            cached_tokens: l.cache.len(),
+            mlx_active: mlx_rs::memory::active_memory().unwrap_or(0) as u64,
+            mlx_cache: mlx_rs::memory::cache_memory().unwrap_or(0) as u64,
+            mlx_peak: mlx_rs::memory::peak_memory().unwrap_or(0) as u64,
+        };
+        self.snapshot.send_modify(|s| {
+            s.memory = figures;
+            s.activity = Activity::Idle;
+        });
+    }
+
+    fn generate(&self, l: &mut Loaded, job: Job, events: &mpsc::Sender<Event>) {
+        let outcome = self.generate_inner(l, job, events);
+        if let Err(e) = outcome {
+            // A failed generation may leave the layers half-extended.
+            l.cache.clear();
+            send(events, Event::Error(e));
+        }
+        let _ = mlx_rs::memory::clear_cache();
+        self.publish_memory(l);
+    }
+
+    fn generate_inner(&self, l: &mut Loaded, job: Job, events: &mpsc::Sender<Event>) -> Result<()> {
+        let prompt = match &job.input {
+            Input::Text(text) => l.tokenizer.encode_prompt(text)?,
+            Input::Tokens(ids) => ids.clone(),
+        };
+        let context = match job.num_ctx {
+            0 => l.context,
+            n => n.min(l.context),
+        };
+        if prompt.is_empty() {
+            return Err(RunnerError::Request("the prompt is empty".into()));
+        }
+        if prompt.len() > context {
+            return Err(RunnerError::Request(format!(
+                "the prompt has {} tokens, more than the context length of {context}",
+                prompt.len()
+            )));
+        }
+        let mut params = job.params.clone();
+        params.max_tokens = match job.max_tokens {
+            0 => usize::MAX,
+            n => n,
+        };
+        if !send(events, Event::Started) {
+            return Ok(());
+        }
+        self.snapshot
+            .send_modify(|s| s.activity = Activity::Prefilling);
+        let cached = l.cache.reuse_for(&prompt);
+        let mut text = crate::detokenize::Detokenizer::new(&l.tokenizer);
+        let mut stops = crate::stop::StopMatcher::new(job.stop.iter().cloned())?;
+        let mut gone = false;
+        let mut stopped = false;
+        let mut first = true;
+        let cancelled = || events.is_closed();
+        let limits = Limits {
+            context,
+            cancelled: &cancelled,
+        };
+        let started = Instant::now();
+        let eos = l.tokenizer.eos_ids().to_vec();
+        let out = generate_cached(
+            &l.model,
+            l.cache.layers_mut(),
+            cached,
+            &prompt,
+            &eos,
+            &params,
+            &limits,
+            |token| {
+                if first {
+                    first = false;
+                    self.snapshot
+                        .send_modify(|s| s.activity = Activity::Decoding);
+                }
+                let Some(piece) = text.push(token) else {
+                    return Flow::Continue;
+                };
+                let out = stops.push(&piece);
+                if !out.text.is_empty() && !send(events, Event::Text(out.text)) {
+                    gone = true;
+                    return Flow::Stop;
+                }
+                if out.stop.is_some() {
+                    stopped = true;
+                    return Flow::Stop;
+                }
+                Flow::Continue
+            },
+        )?;
+        l.cache
+            .commit(prompt.iter().copied().chain(out.tokens.iter().copied()));
+        if gone || events.is_closed() {
+            return Ok(());
+        }
+        let mut reason = out.finish;
+        if !stopped {
+            let tail = text.finish().unwrap_or_default();
+            let mut last = stops.push(&tail);
+            if last.stop.is_none() {
+                let end = stops.finish();
+                last.text.push_str(&end.text);
+                last.stop = end.stop;
+            }
+            if last.stop.is_some() {
+                reason = FinishReason::Stop;
+            }
+            if !last.text.is_empty() {
+                send(events, Event::Text(last.text));
+            }
+        }
+        let metrics = Metrics {
+            prompt_tokens: out.prompt_tokens,
+            cached_prompt_tokens: out.cached_tokens,
+            prompt_eval: Duration::from_secs_f64(out.prompt_seconds),
+            eval_tokens: out.tokens.len(),
+            eval: started
+                .elapsed()
+                .saturating_sub(Duration::from_secs_f64(out.prompt_seconds)),
+        };
+        send(events, Event::Done { reason, metrics });
+        Ok(())
+    }
+}

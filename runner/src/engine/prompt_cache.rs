@@ -1,0 +1,131 @@
+//! The prompt cache: ONE entry, the token ids whose keys and values the
+//! per-layer caches hold. A new prompt reuses the longest common prefix by
+//! token content, and always re-evaluates at least its last token.
+use crate::cache::KvCache;
+
+/// The single prefix-matchable KV entry.
+pub struct PromptCache {
+    tokens: Vec<u32>,
+    layers: Vec<KvCache>,
+}
+
+impl PromptCache {
+    /// An empty entry for a model of `layers` layers.
+    pub fn new(layers: usize) -> Self {
+        Self {
+            tokens: Vec::new(),
+            layers: (0..layers).map(|_| KvCache::new()).collect(),
+        }
+    }
+
+    /// Tokens held.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// True when nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Bytes of the layers' buffers.
+    pub fn nbytes(&self) -> usize {
+        self.layers.iter().map(KvCache::nbytes).sum()
+    }
+
+    /// Prepares the entry for `prompt`: keeps the longest common prefix (by
+    /// content), at most `prompt.len() - 1` tokens, trims the rest, and returns
+    /// how many tokens are reused.
+    pub fn reuse_for(&mut self, prompt: &[u32]) -> usize {
+        let common = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let keep = common.min(prompt.len().saturating_sub(1));
+        self.truncate(keep);
+        keep
+    }
+
+    /// Keeps only the first `n` tokens.
+    pub fn truncate(&mut self, n: usize) {
+        let n = n.min(self.tokens.len());
+        self.tokens.truncate(n);
+        for layer in &mut self.layers {
+            layer.trim(layer.offset() - n as i32);
+        }
+    }
+
+    /// The layers, for a generation to extend.
+    pub fn layers_mut(&mut self) -> &mut [KvCache] {
+        &mut self.layers
+    }
+
+    /// Records what the layers now hold: `tokens`, of which the layers may hold
+    /// fewer (the last generated token is never fed back).
+    pub fn commit(&mut self, tokens: impl IntoIterator<Item = u32>) {
+        let held = self.layers.first().map_or(0, |l| l.offset()) as usize;
+        self.tokens.clear();
+        self.tokens.extend(tokens.into_iter().take(held));
+        let n = self.tokens.len();
+        self.truncate(n);
+    }
+
+    /// Forgets everything (the buffers are freed).
+    pub fn clear(&mut self) {
+        let layers = self.layers.len();
+        *self = Self::new(layers);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_rs::Array;
+
+    fn fill(cache: &mut PromptCache, tokens: &[u32]) {
+        let n = tokens.len() as i32;
+        let kv = Array::from_slice(&vec![0.5f32; (n * 4) as usize], &[1, 1, n, 4]);
+        for layer in cache.layers_mut() {
+            layer.update_and_fetch(&kv, &kv).unwrap();
+        }
+        cache.commit(tokens.iter().copied());
+    }
+
+    #[test]
+    fn reuses_common_prefix_by_content() {
+        let mut c = PromptCache::new(2);
+        fill(&mut c, &[1, 2, 3, 4, 5]);
+        // Same length, different content after 2 tokens: only 2 reused.
+        assert_eq!(c.reuse_for(&[1, 2, 9, 9, 9]), 2);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.layers_mut()[1].offset(), 2);
+    }
+
+    #[test]
+    fn identical_prompt_reevaluates_one_token() {
+        let mut c = PromptCache::new(1);
+        fill(&mut c, &[7, 8, 9]);
+        assert_eq!(c.reuse_for(&[7, 8, 9]), 2);
+        assert_eq!(c.reuse_for(&[7]), 0);
+    }
+
+    #[test]
+    fn longer_conversation_reuses_all_held() {
+        let mut c = PromptCache::new(1);
+        fill(&mut c, &[1, 2, 3]);
+        assert_eq!(c.reuse_for(&[1, 2, 3, 4, 5]), 3);
+        // A different first token is a miss, whatever the length.
+        assert_eq!(c.reuse_for(&[9, 2, 3, 4, 5, 6]), 0);
+        assert_eq!(c.len(), 0);
+    }
+
+    #[test]
+    fn commit_keeps_only_what_the_layers_hold() {
+        let mut c = PromptCache::new(1);
+        fill(&mut c, &[1, 2]);
+        c.commit([1, 2, 3]);
+        assert_eq!(c.len(), 2);
+    }
+}

@@ -1,0 +1,86 @@
+//! Memory budgets, all derived from measured memory: how many tokens the KV
+//! entry may hold, and the limits MLX is given.
+//!
+//! capacity_tokens = (memory x FRACTION - weight bytes - headroom) / KV bytes per token
+use crate::model::Model;
+
+/// Share of memory Grove lets one runner use for weights, KV and activations.
+pub const FRACTION: f64 = 0.75;
+
+/// The memory budgets of one loaded model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// The memory the budget comes from (physical RAM here).
+    pub memory_total: u64,
+    pub weight_bytes: u64,
+    /// Reserved for activations of one prefill chunk and the logits.
+    pub headroom: u64,
+    /// Bytes of keys + values per token, all layers.
+    pub kv_bytes_per_token: u64,
+    /// Tokens the KV entry may hold.
+    pub kv_capacity_tokens: u64,
+    /// MLX's memory limit and buffer-cache limit.
+    pub mlx_memory_limit: u64,
+    pub mlx_cache_limit: u64,
+}
+
+/// Physical RAM, from sysinfo (0 when it cannot be read).
+pub fn physical_memory() -> u64 {
+    match sysinfo::System::new() {
+        Ok(mut sys) => {
+            sys.refresh_memory();
+            sys.total_memory()
+        }
+        Err(_) => 0,
+    }
+}
+
+impl Budget {
+    /// The budget of `model` with `memory_total` bytes and prefill chunks of `chunk` tokens.
+    pub fn new(model: &Model, memory_total: u64, chunk: u64) -> Self {
+        let s = &model.spec;
+        let a = &s.attention;
+        let dtype_bytes = match model.dtype() {
+            mlx_rs::Dtype::Float16 | mlx_rs::Dtype::Bfloat16 => 2,
+            _ => 4,
+        };
+        let kv_bytes_per_token =
+            2 * s.layers as u64 * a.kv_heads as u64 * a.head_dim as u64 * dtype_bytes;
+        // One chunk's activations: the residual stream and attention/MLP
+        // intermediates (a few of each alive at once), attention scores in float32,
+        // and float32 logits for a row.
+        let width = (4 * a.hidden as u64
+            + 3 * s.intermediate as u64
+            + 2 * a.heads as u64 * a.head_dim as u64)
+            * dtype_bytes;
+        let scores = a.heads as u64 * chunk * chunk * 4;
+        let headroom = 256 * MIB + chunk * width * 2 + scores + s.vocab as u64 * 4 * 2;
+        let usable = (memory_total as f64 * FRACTION) as u64;
+        let weight_bytes = model.weight_bytes as u64;
+        let left = usable.saturating_sub(weight_bytes + headroom);
+        let kv_capacity_tokens = if kv_bytes_per_token == 0 {
+            0
+        } else {
+            left / kv_bytes_per_token
+        };
+        Self {
+            memory_total,
+            weight_bytes,
+            headroom,
+            kv_bytes_per_token,
+            kv_capacity_tokens,
+            mlx_memory_limit: usable,
+            // Freed buffers kept for reuse: enough for a chunk's activations.
+            mlx_cache_limit: headroom.min(usable / 8),
+        }
+    }
+
+    /// Gives MLX its limits.
+    pub fn apply(&self) -> Result<(), mlx_rs::error::Exception> {
+        mlx_rs::memory::set_memory_limit(self.mlx_memory_limit as usize)?;
+        mlx_rs::memory::set_cache_limit(self.mlx_cache_limit as usize)?;
+        Ok(())
+    }
+}
+
+const MIB: u64 = 1 << 20;

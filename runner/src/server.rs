@@ -1,0 +1,344 @@
+//! `grove-runner serve`: the `grove.runner.v1.Runner` gRPC service on a Unix
+//! socket, in front of the [`Engine`]. Handlers validate, queue and stream; they
+//! never touch MLX.
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use grove_proto::runner::v1 as pb;
+use grove_proto::runner::v1::runner_server::{Runner, RunnerServer};
+use tokio::net::UnixListener;
+use tokio::sync::{Notify, mpsc};
+use tokio_stream::Stream;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+use crate::engine::{
+    Activity, Engine, EngineConfig, Event, Input, Job, LoadState, Snapshot, SubmitError,
+};
+use crate::error::RunnerError;
+use crate::generate::{FinishReason, GenerateParams};
+use crate::model::Architecture;
+
+/// How `serve` is set up.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub engine: EngineConfig,
+    pub socket: PathBuf,
+}
+
+/// Why serving failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("binding {path}: {source}")]
+    Bind {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("starting the engine thread: {0}")]
+    Engine(std::io::Error),
+    #[error("serving gRPC: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves until `shutdown` resolves or a client calls Shutdown; then removes the socket.
+pub async fn run(
+    config: ServeConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    if config.socket.exists() {
+        // A stale socket from a dead runner; a live one would still be bound.
+        let _ = std::fs::remove_file(&config.socket);
+    }
+    let listener = UnixListener::bind(&config.socket).map_err(|source| ServeError::Bind {
+        path: config.socket.clone(),
+        source,
+    })?;
+    let (engine, thread) = Engine::spawn(config.engine.clone()).map_err(ServeError::Engine)?;
+    let stop = Arc::new(Notify::new());
+    let service = Service {
+        engine,
+        stop: stop.clone(),
+    };
+    let (fired_tx, mut fired) = tokio::sync::watch::channel(false);
+    let stopped = async move {
+        tokio::select! {
+            _ = shutdown => {},
+            _ = stop.notified() => {},
+        }
+        let _ = fired_tx.send(true);
+    };
+    let serve = tonic::transport::Server::builder()
+        .add_service(RunnerServer::new(service))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stopped);
+    // Graceful shutdown waits for clients to hang up; a daemon keeps its
+    // connection open, so in-flight streams get GRACE to end, then we go.
+    let deadline = async move {
+        let _ = fired.wait_for(|f| *f).await;
+        tokio::time::sleep(GRACE).await;
+    };
+    let served = tokio::select! {
+        r = serve => r.map_err(ServeError::from),
+        _ = deadline => Ok(()),
+    };
+    let _ = std::fs::remove_file(&config.socket);
+    // The service, and with it the engine's last handle, is gone: the engine
+    // thread ends after its current step (its event channels are closed).
+    let joined = tokio::task::spawn_blocking(move || thread.join());
+    let _ = tokio::time::timeout(GRACE, joined).await;
+    served
+}
+
+/// How long in-flight work may take to end after a shutdown.
+const GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+struct Service {
+    engine: Engine,
+    stop: Arc<Notify>,
+}
+
+fn health(s: &Snapshot) -> pb::HealthResponse {
+    let (state, error) = match &s.state {
+        LoadState::Loading => (pb::LoadState::Loading, String::new()),
+        LoadState::Ready => (pb::LoadState::Ready, String::new()),
+        LoadState::Failed(e) => (pb::LoadState::Failed, e.clone()),
+        LoadState::Stopping => (pb::LoadState::Stopping, String::new()),
+    };
+    let activity = match s.activity {
+        Activity::Idle => pb::EngineActivity::Idle,
+        Activity::Prefilling => pb::EngineActivity::Prefilling,
+        Activity::Decoding => pb::EngineActivity::Decoding,
+    };
+    pb::HealthResponse {
+        state: state as i32,
+        activity: activity as i32,
+        error,
+    }
+}
+
+fn status(s: &Snapshot) -> pb::StatusResponse {
+    let model = s.facts.as_ref().map(|f| pb::ModelFacts {
+        architecture: match f.architecture {
+            Architecture::Llama => pb::Architecture::Llama,
+            Architecture::Mistral => pb::Architecture::Mistral,
+            Architecture::Qwen2 => pb::Architecture::Qwen2,
+            Architecture::Qwen3 => pb::Architecture::Qwen3,
+        } as i32,
+        dtype: match f.dtype {
+            mlx_rs::Dtype::Float16 => pb::DType::Float16,
+            mlx_rs::Dtype::Bfloat16 => pb::DType::Bfloat16,
+            _ => pb::DType::Float32,
+        } as i32,
+        quantization: f.quantization.map(|q| pb::Quantization {
+            bits: q.bits as u32,
+            group_size: q.group_size as u32,
+        }),
+        parameter_count: f.parameter_count,
+        context_length: f.context_length as u32,
+        max_position_embeddings: f.max_position_embeddings.unwrap_or(0),
+        vocab_size: f.vocab_size as u32,
+        num_layers: f.num_layers as u32,
+    });
+    let m = &s.memory;
+    let memory = pb::MemoryReport {
+        weight_bytes: m.budget.map_or(0, |b| b.weight_bytes),
+        kv_bytes: m.kv_bytes,
+        cached_tokens: m.cached_tokens as u32,
+        kv_capacity_tokens: m
+            .budget
+            .map_or(0, |b| b.kv_capacity_tokens.min(u32::MAX as u64) as u32),
+        mlx_active_bytes: m.mlx_active,
+        mlx_cache_bytes: m.mlx_cache,
+        mlx_peak_bytes: m.mlx_peak,
+        memory_total_bytes: m.budget.map_or(0, |b| b.memory_total),
+        memory_source: pb::MemorySource::PhysicalRam as i32,
+    };
+    pb::StatusResponse {
+        health: Some(health(s)),
+        model,
+        memory: Some(memory),
+    }
+}
+
+fn submit_status(e: SubmitError) -> Status {
+    match e {
+        SubmitError::QueueFull(_) => Status::resource_exhausted(e.to_string()),
+        SubmitError::Stopped => Status::unavailable(e.to_string()),
+    }
+}
+
+fn runner_status(e: RunnerError) -> Status {
+    match e {
+        RunnerError::Request(_) | RunnerError::Tokenizer(_) => {
+            Status::invalid_argument(e.to_string())
+        }
+        _ => Status::internal(e.to_string()),
+    }
+}
+
+/// Checks options that need no model, and builds the engine's job.
+fn job(req: pb::GenerateRequest) -> Result<Job, Status> {
+    let input = match req.input {
+        Some(pb::generate_request::Input::Prompt(text)) => Input::Text(text),
+        Some(pb::generate_request::Input::Tokens(list)) => Input::Tokens(list.ids),
+        None => return Err(Status::invalid_argument("give a prompt or tokens")),
+    };
+    let sampling = req.sampling.unwrap_or_default();
+    let unsupported = [
+        ("top_k", sampling.top_k.is_some()),
+        ("top_p", sampling.top_p.is_some()),
+        ("min_p", sampling.min_p.is_some()),
+        ("repetition_penalty", sampling.repetition_penalty.is_some()),
+        ("frequency_penalty", sampling.frequency_penalty.is_some()),
+        ("presence_penalty", sampling.presence_penalty.is_some()),
+        ("logit_bias", !sampling.logit_bias.is_empty()),
+    ];
+    if let Some((name, _)) = unsupported.iter().find(|(_, set)| *set) {
+        return Err(Status::invalid_argument(format!(
+            "{name} is not supported by this runner yet"
+        )));
+    }
+    if !(sampling.temperature.is_finite() && sampling.temperature >= 0.0) {
+        return Err(Status::invalid_argument(format!(
+            "temperature must be a finite number >= 0, not {}",
+            sampling.temperature
+        )));
+    }
+    if req.stop.iter().any(String::is_empty) {
+        return Err(Status::invalid_argument("stop strings must not be empty"));
+    }
+    let defaults = GenerateParams::default();
+    Ok(Job {
+        input,
+        params: GenerateParams {
+            max_tokens: defaults.max_tokens,
+            prefill_chunk: match req.prefill_chunk {
+                0 => defaults.prefill_chunk,
+                n => n as usize,
+            },
+            temperature: sampling.temperature,
+            seed: sampling.seed.unwrap_or(0),
+            capture_logits: false,
+        },
+        max_tokens: req.max_tokens as usize,
+        num_ctx: req.num_ctx as usize,
+        stop: req.stop,
+    })
+}
+
+fn done_message(reason: FinishReason, m: crate::engine::Metrics) -> pb::GenerateResponse {
+    let reason = match reason {
+        FinishReason::Stop => pb::DoneReason::Stop,
+        FinishReason::Length => pb::DoneReason::Length,
+        FinishReason::Cancelled => pb::DoneReason::Cancelled,
+    };
+    pb::GenerateResponse {
+        event: Some(pb::generate_response::Event::Done(pb::Done {
+            reason: reason as i32,
+            metrics: Some(pb::Metrics {
+                prompt_tokens: m.prompt_tokens as u32,
+                cached_prompt_tokens: m.cached_prompt_tokens as u32,
+                prompt_eval_ns: m.prompt_eval.as_nanos() as u64,
+                eval_tokens: m.eval_tokens as u32,
+                eval_ns: m.eval.as_nanos() as u64,
+            }),
+        })),
+    }
+}
+
+type GenerateStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Runner for Service {
+    async fn health(
+        &self,
+        _: Request<pb::HealthRequest>,
+    ) -> Result<Response<pb::HealthResponse>, Status> {
+        Ok(Response::new(health(&self.engine.snapshot())))
+    }
+
+    async fn status(
+        &self,
+        _: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        Ok(Response::new(status(&self.engine.snapshot())))
+    }
+
+    type GenerateStream = GenerateStream;
+
+    async fn generate(
+        &self,
+        req: Request<pb::GenerateRequest>,
+    ) -> Result<Response<GenerateStream>, Status> {
+        let job = job(req.into_inner())?;
+        let mut events = self.engine.generate(job).map_err(submit_status)?;
+        // Errors before the stream starts are statuses; after, they end the stream.
+        match events.recv().await {
+            Some(Event::Started) => {}
+            Some(Event::Error(e)) => return Err(runner_status(e)),
+            Some(_) | None => {
+                return Err(Status::internal(
+                    "the engine ended the request without starting it",
+                ));
+            }
+        }
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(async move {
+            while let Some(event) = events.recv().await {
+                let item = match event {
+                    Event::Text(text) => Ok(pb::GenerateResponse {
+                        event: Some(pb::generate_response::Event::Text(text)),
+                    }),
+                    Event::Done { reason, metrics } => Ok(done_message(reason, metrics)),
+                    Event::Error(e) => Err(runner_status(e)),
+                    Event::Started => continue,
+                };
+                if tx.send(item).await.is_err() {
+                    // The client went away: dropping `events` cancels the engine's work.
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn tokenize(
+        &self,
+        req: Request<pb::TokenizeRequest>,
+    ) -> Result<Response<pb::TokenizeResponse>, Status> {
+        let r = req.into_inner();
+        let ids = self
+            .engine
+            .tokenize(r.text, r.add_special_tokens)
+            .await
+            .map_err(submit_status)?;
+        Ok(Response::new(pb::TokenizeResponse {
+            ids: ids.map_err(runner_status)?,
+        }))
+    }
+
+    async fn detokenize(
+        &self,
+        req: Request<pb::DetokenizeRequest>,
+    ) -> Result<Response<pb::DetokenizeResponse>, Status> {
+        let text = self
+            .engine
+            .detokenize(req.into_inner().ids)
+            .await
+            .map_err(submit_status)?;
+        Ok(Response::new(pb::DetokenizeResponse {
+            text: text.map_err(runner_status)?,
+        }))
+    }
+
+    async fn shutdown(
+        &self,
+        _: Request<pb::ShutdownRequest>,
+    ) -> Result<Response<pb::ShutdownResponse>, Status> {
+        self.stop.notify_one();
+        Ok(Response::new(pb::ShutdownResponse {}))
+    }
+}

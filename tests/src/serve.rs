@@ -1,0 +1,158 @@
+//! A real `grove-runner serve` process on a temporary Unix socket, and a gRPC
+//! client connected to it.
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use grove_proto::runner::v1 as pb;
+use grove_proto::runner::v1::runner_client::RunnerClient;
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::runner::binary;
+
+/// A running `grove-runner serve`; killed (and reaped) on drop.
+pub struct Served {
+    child: Child,
+    pub socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Served {
+    /// Starts a runner for `model` with extra `args` and waits until it is READY.
+    pub async fn start(model: &Path, args: &[&str]) -> Result<(Self, RunnerClient<Channel>)> {
+        let dir = tempfile::tempdir()?;
+        let socket = dir.path().join("runner.sock");
+        let child = Command::new(binary("grove-runner")?)
+            .arg("serve")
+            .arg("--model")
+            .arg(model)
+            .arg("--socket")
+            .arg(&socket)
+            .args(args)
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting grove-runner serve")?;
+        let mut served = Self {
+            child,
+            socket,
+            _dir: dir,
+        };
+        let client = served.wait_ready().await?;
+        Ok((served, client))
+    }
+
+    async fn wait_ready(&mut self) -> Result<RunnerClient<Channel>> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("grove-runner serve exited early: {status}");
+            }
+            if self.socket.exists() {
+                if let Ok(mut client) = connect(&self.socket).await {
+                    let health = client.health(pb::HealthRequest {}).await?.into_inner();
+                    match pb::LoadState::try_from(health.state) {
+                        Ok(pb::LoadState::Ready) => return Ok(client),
+                        Ok(pb::LoadState::Failed) => {
+                            bail!("the model failed to load: {}", health.error)
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("grove-runner serve was not ready within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits for the process to exit by itself.
+    pub fn wait_exit(&mut self, within: Duration) -> Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                bail!("grove-runner serve did not exit within {within:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A gRPC client over the Unix socket at `path`.
+pub async fn connect(path: &Path) -> Result<RunnerClient<Channel>> {
+    let path = path.to_path_buf();
+    let channel = Endpoint::try_from("http://runner.invalid")?
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                tokio::net::UnixStream::connect(path)
+                    .await
+                    .map(TokioIo::new)
+            }
+        }))
+        .await?;
+    Ok(RunnerClient::new(channel))
+}
+
+/// The text and the final message of one Generate stream.
+pub struct Completion {
+    pub text: String,
+    pub done: pb::Done,
+}
+
+impl Completion {
+    /// The final metrics.
+    pub fn metrics(&self) -> pb::Metrics {
+        self.done.metrics.unwrap_or_default()
+    }
+
+    /// The done reason.
+    pub fn reason(&self) -> pb::DoneReason {
+        pb::DoneReason::try_from(self.done.reason).unwrap_or(pb::DoneReason::Unspecified)
+    }
+}
+
+/// Runs Generate to the end.
+pub async fn complete(
+    client: &mut RunnerClient<Channel>,
+    req: pb::GenerateRequest,
+) -> Result<Completion, tonic::Status> {
+    let mut stream = client.generate(req).await?.into_inner();
+    let mut text = String::new();
+    while let Some(msg) = stream.message().await? {
+        match msg.event {
+            Some(pb::generate_response::Event::Text(t)) => text.push_str(&t),
+            Some(pb::generate_response::Event::Done(done)) => {
+                if stream.message().await?.is_some() {
+                    return Err(tonic::Status::internal("messages after Done"));
+                }
+                return Ok(Completion { text, done });
+            }
+            None => return Err(tonic::Status::internal("empty message")),
+        }
+    }
+    Err(tonic::Status::internal("stream ended without Done"))
+}
+
+/// A greedy request over token ids.
+pub fn tokens_request(ids: &[u32], max_tokens: u32) -> pb::GenerateRequest {
+    pb::GenerateRequest {
+        input: Some(pb::generate_request::Input::Tokens(pb::TokenList {
+            ids: ids.to_vec(),
+        })),
+        max_tokens,
+        ..Default::default()
+    }
+}
