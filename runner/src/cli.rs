@@ -10,6 +10,7 @@ use crate::engine::EngineConfig;
 use crate::error::{Result, RunnerError};
 use crate::generate::{GenerateOutput, GenerateParams, generate};
 use crate::model;
+use crate::sample::SamplingOptions;
 use crate::server::{self, ServeConfig};
 use crate::tokenizer::Tokenizer;
 
@@ -72,9 +73,21 @@ pub struct GenerateArgs {
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
-    /// Seed for sampling at temperature > 0.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// Seed for sampling at temperature > 0 (default: from the clock).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Keep only the k most likely tokens.
+    #[arg(long)]
+    pub top_k: Option<u32>,
+    /// Keep the smallest set of tokens whose probability reaches p.
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Drop tokens less likely than min_p times the most likely one.
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Penalise tokens of the last 20 (mlx-lm's repetition penalty).
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
     /// Prompt tokens per prefill forward pass.
     #[arg(long, default_value_t = 2048)]
     pub prefill_chunk: usize,
@@ -162,8 +175,15 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
     let params = GenerateParams {
         max_tokens: args.max_tokens,
         prefill_chunk: args.prefill_chunk,
-        temperature: args.temperature,
-        seed: args.seed,
+        sampling: SamplingOptions {
+            temperature: args.temperature,
+            seed: args.seed,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            min_p: args.min_p,
+            repetition_penalty: args.repetition_penalty,
+            ..SamplingOptions::default()
+        },
         capture_logits: args.dump_logits.is_some(),
     };
     let mut stream = (!args.json).then(|| TextStream::new(&tokenizer));

@@ -3,13 +3,14 @@
 //! matches it token for token.
 use std::time::Instant;
 
-use mlx_rs::ops::indexing::{TryIndexOp, argmax_axis};
+use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::transforms::{async_eval, eval};
-use mlx_rs::{Array, Dtype, random};
+use mlx_rs::{Array, Dtype};
 
 use crate::cache::KvCache;
 use crate::error::{MlxPhase, Result, RunnerError};
 use crate::model::Model;
+use crate::sample::{Sampler, SamplingOptions};
 
 /// How to generate.
 #[derive(Debug, Clone)]
@@ -18,10 +19,8 @@ pub struct GenerateParams {
     pub max_tokens: usize,
     /// Prompt tokens evaluated per forward pass during prefill.
     pub prefill_chunk: usize,
-    /// 0 = greedy; otherwise sample from softmax(logits / temperature).
-    pub temperature: f32,
-    /// Seed for sampling (ignored when greedy).
-    pub seed: u64,
+    /// How the next token is chosen (greedy by default).
+    pub sampling: SamplingOptions,
     /// Keep the last prompt position's logits (float32) in the output.
     pub capture_logits: bool,
 }
@@ -31,8 +30,7 @@ impl Default for GenerateParams {
         Self {
             max_tokens: 256,
             prefill_chunk: 2048,
-            temperature: 0.0,
-            seed: 0,
+            sampling: SamplingOptions::default(),
             capture_logits: false,
         }
     }
@@ -109,44 +107,6 @@ impl GenerateOutput {
 
 fn rate(n: f64, seconds: f64) -> f64 {
     if seconds > 0.0 { n / seconds } else { 0.0 }
-}
-
-/// Chooses the next token from `[1, V]` logits.
-struct Sampler {
-    temperature: f32,
-    key: Option<Array>,
-}
-
-impl Sampler {
-    fn new(params: &GenerateParams) -> Result<Self> {
-        let key = if params.temperature > 0.0 {
-            Some(random::key(params.seed).phase("seeding the sampler")?)
-        } else {
-            None
-        };
-        Ok(Self {
-            temperature: params.temperature,
-            key,
-        })
-    }
-
-    fn sample(&mut self, logits: &Array) -> Result<Array> {
-        // As mlx-lm: log-probabilities first, then argmax or a categorical draw.
-        let logprobs = logits
-            .subtract(logits.logsumexp_axis(-1, true).phase("sampling")?)
-            .phase("sampling")?;
-        match &mut self.key {
-            None => argmax_axis(&logprobs, -1, None).phase("sampling"),
-            Some(key) => {
-                let (next, sub) = random::split(&*key, 2).phase("sampling")?;
-                *key = next;
-                let scaled = logprobs
-                    .multiply(Array::from_f32(1.0 / self.temperature))
-                    .phase("sampling")?;
-                random::categorical(&scaled, -1, None, &sub).phase("sampling")
-            }
-        }
-    }
 }
 
 /// Runs `tokens` (`[1, L]`) through the model and returns the last position's
@@ -230,18 +190,18 @@ pub fn generate_cached(
             "prompt token id {bad} is outside the model's vocabulary of {vocab}"
         )));
     }
-    if !(params.temperature.is_finite() && params.temperature >= 0.0) {
-        return Err(RunnerError::Request(format!(
-            "temperature must be a finite number >= 0, not {}",
-            params.temperature
-        )));
-    }
     if params.prefill_chunk == 0 {
         return Err(RunnerError::Request(
             "prefill chunk must be at least 1 token".into(),
         ));
     }
-    let mut sampler = Sampler::new(params)?;
+    let mut sampler = Sampler::new(&params.sampling, model.spec.vocab as usize)?;
+    // The ids the penalties look at: the prompt and the tokens read back so far.
+    let mut history: Vec<u32> = if sampler.uses_history() {
+        prompt.to_vec()
+    } else {
+        Vec::new()
+    };
     let start = Instant::now();
     // Generation may fill the context: max_tokens is capped by what is left.
     let max_tokens = params.max_tokens.min(limits.context - prompt.len() + 1);
@@ -270,7 +230,7 @@ pub fn generate_cached(
     } else {
         None
     };
-    let mut y = sampler.sample(&logits)?;
+    let mut y = sampler.sample(&logits, &history)?;
     drop(logits);
     async_eval([&y]).phase("decode")?;
 
@@ -291,7 +251,7 @@ pub fn generate_cached(
     while tokens.len() < max_tokens {
         let next = if tokens.len() + 1 < max_tokens {
             let input = y.reshape(&[1, 1]).phase("decode")?;
-            let next = sampler.sample(&step(model, &input, caches)?)?;
+            let next = sampler.sample_after(&step(model, &input, caches)?, &history, Some(&y))?;
             fed += 1;
             async_eval([&next]).phase("decode")?;
             Some(next)
@@ -310,6 +270,9 @@ pub fn generate_cached(
             break;
         }
         tokens.push(token);
+        if sampler.uses_history() {
+            history.push(token);
+        }
         if on_token(token) == Flow::Stop {
             finish = FinishReason::Stop;
             in_flight = next;

@@ -20,6 +20,7 @@ use crate::engine::{
 use crate::error::RunnerError;
 use crate::generate::{FinishReason, GenerateParams};
 use crate::model::Architecture;
+use crate::sample::SamplingOptions;
 
 /// How `serve` is set up.
 #[derive(Debug, Clone)]
@@ -177,34 +178,40 @@ fn runner_status(e: RunnerError) -> Status {
     }
 }
 
-/// Checks options that need no model, and builds the engine's job.
-fn job(req: pb::GenerateRequest) -> Result<Job, Status> {
+/// The sampler's options from the request, validated against the vocabulary.
+fn sampling_options(s: pb::SamplingOptions, vocab: usize) -> Result<SamplingOptions, Status> {
+    let defaults = SamplingOptions::default();
+    let mut logit_bias: Vec<(u32, f32)> = s.logit_bias.into_iter().collect();
+    logit_bias.sort_by_key(|(id, _)| *id);
+    let opts = SamplingOptions {
+        temperature: s.temperature,
+        top_k: s.top_k,
+        top_p: s.top_p,
+        min_p: s.min_p,
+        repetition_penalty: s.repetition_penalty,
+        repetition_context_size: s
+            .repetition_context_size
+            .map_or(defaults.repetition_context_size, |n| n as usize),
+        frequency_penalty: s.frequency_penalty,
+        presence_penalty: s.presence_penalty,
+        penalty_window: s
+            .penalty_window
+            .map_or(defaults.penalty_window, |n| n as usize),
+        logit_bias,
+        seed: s.seed,
+    };
+    opts.validate(vocab).map_err(runner_status)?;
+    Ok(opts)
+}
+
+/// Checks the options against the model's facts, and builds the engine's job.
+fn job(req: pb::GenerateRequest, vocab: usize) -> Result<Job, Status> {
     let input = match req.input {
         Some(pb::generate_request::Input::Prompt(text)) => Input::Text(text),
         Some(pb::generate_request::Input::Tokens(list)) => Input::Tokens(list.ids),
         None => return Err(Status::invalid_argument("give a prompt or tokens")),
     };
-    let sampling = req.sampling.unwrap_or_default();
-    let unsupported = [
-        ("top_k", sampling.top_k.is_some()),
-        ("top_p", sampling.top_p.is_some()),
-        ("min_p", sampling.min_p.is_some()),
-        ("repetition_penalty", sampling.repetition_penalty.is_some()),
-        ("frequency_penalty", sampling.frequency_penalty.is_some()),
-        ("presence_penalty", sampling.presence_penalty.is_some()),
-        ("logit_bias", !sampling.logit_bias.is_empty()),
-    ];
-    if let Some((name, _)) = unsupported.iter().find(|(_, set)| *set) {
-        return Err(Status::invalid_argument(format!(
-            "{name} is not supported by this runner yet"
-        )));
-    }
-    if !(sampling.temperature.is_finite() && sampling.temperature >= 0.0) {
-        return Err(Status::invalid_argument(format!(
-            "temperature must be a finite number >= 0, not {}",
-            sampling.temperature
-        )));
-    }
+    let sampling = sampling_options(req.sampling.unwrap_or_default(), vocab)?;
     if req.stop.iter().any(String::is_empty) {
         return Err(Status::invalid_argument("stop strings must not be empty"));
     }
@@ -217,8 +224,7 @@ fn job(req: pb::GenerateRequest) -> Result<Job, Status> {
                 0 => defaults.prefill_chunk,
                 n => n as usize,
             },
-            temperature: sampling.temperature,
-            seed: sampling.seed.unwrap_or(0),
+            sampling,
             capture_logits: false,
         },
         max_tokens: req.max_tokens as usize,
@@ -271,7 +277,12 @@ impl Runner for Service {
         &self,
         req: Request<pb::GenerateRequest>,
     ) -> Result<Response<GenerateStream>, Status> {
-        let job = job(req.into_inner())?;
+        let vocab = self
+            .engine
+            .snapshot()
+            .facts
+            .map_or(usize::MAX, |f| f.vocab_size);
+        let job = job(req.into_inner(), vocab)?;
         let mut events = self.engine.generate(job).map_err(submit_status)?;
         // Errors before the stream starts are statuses; after, they end the stream.
         match events.recv().await {

@@ -235,9 +235,29 @@ async fn bad_requests_are_rejected() -> Result<()> {
             "{what}: {err:?}"
         );
     }
-    // The runner is still fine.
-    let ok = complete(&mut client, tokens_request(&[1, 2, 3], 2)).await?;
-    ensure!(ok.metrics().prompt_tokens == 3);
+    // The runner is still fine, and sampling options are honoured: top_k = 1
+    // at temperature 1 leaves only the argmax, so it equals greedy decoding.
+    let greedy = complete(&mut client, tokens_request(&[1, 2, 3], 12)).await?;
+    ensure!(greedy.metrics().prompt_tokens == 3);
+    let top1 = complete(
+        &mut client,
+        pb::GenerateRequest {
+            sampling: Some(pb::SamplingOptions {
+                temperature: 1.0,
+                top_k: Some(1),
+                seed: Some(5),
+                ..Default::default()
+            }),
+            ..tokens_request(&[1, 2, 3], 12)
+        },
+    )
+    .await?;
+    ensure!(
+        top1.text == greedy.text,
+        "{:?} vs {:?}",
+        top1.text,
+        greedy.text
+    );
     Ok(())
 }
 
