@@ -140,11 +140,21 @@ pub fn generate(
     let limits = Limits {
         context: usize::MAX,
         cancelled: &|| false,
+        inspect: None,
     };
     generate_cached(model, &mut caches, 0, prompt, eos, params, &limits, |t| {
         on_token(t);
         Flow::Continue
     })
+}
+
+/// Where a generation is when it calls [`Limits::inspect`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// A prefill chunk was evaluated into the caches.
+    PrefillChunk,
+    /// A generated token was read back (the next step may be in flight).
+    DecodeStep,
 }
 
 /// Bounds a generation from outside.
@@ -153,6 +163,9 @@ pub struct Limits<'a> {
     pub context: usize,
     /// Checked between prefill chunks; true stops the work.
     pub cancelled: &'a dyn Fn() -> bool,
+    /// Called after every prefill chunk and decode step with the caches (the
+    /// memory-invariant test looks at MLX's memory there).
+    pub inspect: Option<&'a dyn Fn(Stage, &[KvCache])>,
 }
 
 /// Generates from `prompt` whose first `cached` tokens are already in `caches`
@@ -219,6 +232,9 @@ pub fn generate_cached(
         eval(caches.iter().flat_map(KvCache::arrays)).phase("prefill")?;
         mlx_rs::memory::clear_cache().phase("prefill")?;
         done += n;
+        if let Some(inspect) = limits.inspect {
+            inspect(Stage::PrefillChunk, caches);
+        }
     }
 
     // 2. The last prompt token gives the first logits.
@@ -260,6 +276,9 @@ pub fn generate_cached(
         };
         eval([&y]).phase("decode")?;
         let token = y.item_cast::<u32>();
+        if let Some(inspect) = limits.inspect {
+            inspect(Stage::DecodeStep, caches);
+        }
         if first_at.is_none() {
             prompt_seconds = start.elapsed().as_secs_f64();
             first_at = Some(Instant::now());

@@ -10,8 +10,9 @@ pub const FRACTION: f64 = 0.75;
 /// The memory budgets of one loaded model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
-    /// The memory the budget comes from (physical RAM here).
+    /// The memory the budget comes from, and where it is.
     pub memory_total: u64,
+    pub memory_source: MemorySource,
     pub weight_bytes: u64,
     /// Reserved for activations of one prefill chunk and the logits.
     pub headroom: u64,
@@ -22,6 +23,52 @@ pub struct Budget {
     /// MLX's memory limit and buffer-cache limit.
     pub mlx_memory_limit: u64,
     pub mlx_cache_limit: u64,
+}
+
+/// Where the memory a budget is computed from lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemorySource {
+    /// Physical RAM: the CPU backend, or unified memory.
+    PhysicalRam,
+    /// The GPU's own memory (MLX's CUDA backend).
+    Device,
+}
+
+/// The memory to size budgets against: the GPU's when MLX runs on a GPU with
+/// its own memory report, else physical RAM.
+pub fn budget_memory() -> (u64, MemorySource) {
+    match gpu_memory() {
+        Some(total) if total > 0 => (total, MemorySource::Device),
+        _ => (physical_memory(), MemorySource::PhysicalRam),
+    }
+}
+
+/// The default device's memory when it is a GPU (MLX's `device_info`).
+fn gpu_memory() -> Option<u64> {
+    // SAFETY: plain mlx-c calls on objects created and freed here.
+    unsafe {
+        let mut dev = mlx_sys::mlx_device_new();
+        let mut found = None;
+        let mut kind: mlx_sys::mlx_device_type = mlx_sys::mlx_device_type__MLX_CPU;
+        if mlx_sys::mlx_get_default_device(&mut dev) == 0
+            && mlx_sys::mlx_device_get_type(&mut kind, dev) == 0
+            && kind == mlx_sys::mlx_device_type__MLX_GPU
+        {
+            let mut info = mlx_sys::mlx_device_info_new();
+            if mlx_sys::mlx_device_info_get(&mut info, dev) == 0 {
+                for key in [c"total_memory", c"memory_size"] {
+                    let mut size: usize = 0;
+                    if mlx_sys::mlx_device_info_get_size(&mut size, info, key.as_ptr()) == 0 {
+                        found = Some(size as u64);
+                        break;
+                    }
+                }
+            }
+            mlx_sys::mlx_device_info_free(info);
+        }
+        mlx_sys::mlx_device_free(dev);
+        found
+    }
 }
 
 /// Physical RAM, from sysinfo (0 when it cannot be read).
@@ -37,7 +84,11 @@ pub fn physical_memory() -> u64 {
 
 impl Budget {
     /// The budget of `model` with `memory_total` bytes and prefill chunks of `chunk` tokens.
-    pub fn new(model: &Model, memory_total: u64, chunk: u64) -> Self {
+    pub fn new(
+        model: &Model,
+        (memory_total, memory_source): (u64, MemorySource),
+        chunk: u64,
+    ) -> Self {
         let s = &model.spec;
         let a = &s.attention;
         let dtype_bytes = match model.dtype() {
@@ -65,6 +116,7 @@ impl Budget {
         };
         Self {
             memory_total,
+            memory_source,
             weight_bytes,
             headroom,
             kv_bytes_per_token,

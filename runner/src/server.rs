@@ -19,6 +19,7 @@ use crate::engine::{
 };
 use crate::error::RunnerError;
 use crate::generate::{FinishReason, GenerateParams};
+use crate::memory::MemorySource;
 use crate::model::Architecture;
 use crate::sample::SamplingOptions;
 
@@ -153,7 +154,11 @@ fn status(s: &Snapshot) -> pb::StatusResponse {
         mlx_cache_bytes: m.mlx_cache,
         mlx_peak_bytes: m.mlx_peak,
         memory_total_bytes: m.budget.map_or(0, |b| b.memory_total),
-        memory_source: pb::MemorySource::PhysicalRam as i32,
+        memory_source: match m.budget.map(|b| b.memory_source) {
+            Some(MemorySource::Device) => pb::MemorySource::Device,
+            Some(MemorySource::PhysicalRam) => pb::MemorySource::PhysicalRam,
+            None => pb::MemorySource::Unspecified,
+        } as i32,
     };
     pb::StatusResponse {
         health: Some(health(s)),

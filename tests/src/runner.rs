@@ -5,24 +5,24 @@ use std::process::{Command, Output};
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
-/// A built binary of the workspace: `GROVE_BIN_DIR`, else the directory above
-/// this test executable (`target/<profile>/deps/..`).
+/// A built binary of the workspace: in `GROVE_BIN_DIR`, else beside this
+/// executable (a workspace binary) or one level up (a test under `deps/`).
 pub fn binary(name: &str) -> Result<PathBuf> {
-    let dir = match std::env::var_os("GROVE_BIN_DIR") {
-        Some(d) => PathBuf::from(d),
+    let dirs: Vec<PathBuf> = match std::env::var_os("GROVE_BIN_DIR") {
+        Some(d) => vec![PathBuf::from(d)],
         None => {
             let exe = std::env::current_exe()?;
-            exe.parent()
-                .and_then(Path::parent)
+            exe.ancestors()
+                .skip(1)
+                .take(2)
                 .map(Path::to_path_buf)
-                .context("test executable has no parent directory")?
+                .collect()
         }
     };
-    let bin = dir.join(name);
-    if !bin.is_file() {
-        bail!("{} is not built (run `make build`)", bin.display());
-    }
-    Ok(bin)
+    dirs.iter()
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .with_context(|| format!("{name} is not built in {dirs:?} (run `make build`)"))
 }
 
 /// `grove-runner generate --json` output.

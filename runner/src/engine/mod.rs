@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::error::{Result, RunnerError};
 use crate::generate::{FinishReason, Flow, GenerateParams, Limits, generate_cached};
-use crate::memory::{Budget, physical_memory};
+use crate::memory::{Budget, budget_memory};
 use crate::model::{self, Architecture, Model, QuantParams};
 use crate::tokenizer::Tokenizer;
 use prompt_cache::PromptCache;
@@ -304,7 +304,7 @@ impl Worker {
     fn load(&self) -> Result<Loaded> {
         let model = model::load(&self.config.model_dir)?;
         let tokenizer = Tokenizer::load(&self.config.model_dir, &model.raw_config)?;
-        let budget = Budget::new(&model, physical_memory(), self.config.prefill_chunk as u64);
+        let budget = Budget::new(&model, budget_memory(), self.config.prefill_chunk as u64);
         budget.apply().map_err(|e| RunnerError::Mlx {
             phase: "setting memory limits",
             message: e.to_string(),
@@ -412,6 +412,7 @@ impl Worker {
         let limits = Limits {
             context,
             cancelled: &cancelled,
+            inspect: None,
         };
         let started = Instant::now();
         let eos = l.tokenizer.eos_ids().to_vec();
