@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
+use crate::chat_template::{ChatRequest, Message, Role};
 use crate::engine::EngineConfig;
 use crate::error::{Result, RunnerError};
 use crate::generate::{GenerateOutput, GenerateParams, generate};
@@ -49,6 +50,13 @@ pub struct ServeArgs {
     /// Requests that may wait for the engine; more are refused as busy.
     #[arg(long, env = "GROVE_MAX_QUEUE", default_value_t = 16)]
     pub queue: usize,
+    /// A system prompt to prefill into the prompt cache at start.
+    #[arg(long)]
+    pub prewarm_system: Option<String>,
+    /// A JSON file with the tool definitions (an array) requests will send,
+    /// rendered with the prewarmed system prompt.
+    #[arg(long, requires = "prewarm_system")]
+    pub prewarm_tools: Option<PathBuf>,
 }
 
 /// Arguments of `grove-runner generate`.
@@ -125,7 +133,12 @@ fn run_serve(args: ServeArgs) -> Result<()> {
             "--prefill-chunk must be at least 1".into(),
         ));
     }
+    let prewarm = match args.prewarm_system {
+        Some(system) => Some(prewarm_request(system, args.prewarm_tools.as_deref())?),
+        None => None,
+    };
     let config = ServeConfig {
+        prewarm,
         engine: EngineConfig {
             model_dir: args.model,
             context_length: args.context_length,
@@ -142,6 +155,40 @@ fn run_serve(args: ServeArgs) -> Result<()> {
     runtime
         .block_on(server::run(config, shutdown_signal()))
         .map_err(|e| RunnerError::Request(e.to_string()))
+}
+
+/// The chat to prewarm: the system prompt, rendered with the tools of `tools_file`.
+fn prewarm_request(system: String, tools_file: Option<&std::path::Path>) -> Result<ChatRequest> {
+    let tools = match tools_file {
+        None => Vec::new(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| RunnerError::Read {
+                path: path.to_owned(),
+                source,
+            })?;
+            match serde_json::from_str(&text) {
+                Ok(serde_json::Value::Array(tools)) => tools,
+                Ok(_) => {
+                    return Err(RunnerError::Request(format!(
+                        "{}: tools must be a JSON array",
+                        path.display()
+                    )));
+                }
+                Err(e) => {
+                    return Err(RunnerError::Request(format!(
+                        "{}: not valid JSON: {e}",
+                        path.display()
+                    )));
+                }
+            }
+        }
+    };
+    Ok(ChatRequest {
+        messages: vec![Message::new(Role::System, system)],
+        tools,
+        add_generation_prompt: false,
+        extra: serde_json::Map::new(),
+    })
 }
 
 /// SIGINT or SIGTERM.

@@ -15,8 +15,11 @@
 //! - [`sample`]: mlx-lm's samplers and logits processors (top-p/min-p/top-k,
 //!   penalties, logit bias), seeded.
 //! - [`tokenizer`]: tokenizer.json plus the BOS/EOS facts a generation needs.
+//! - [`chat_template`]: HF chat templates rendered as transformers'
+//!   `apply_chat_template` does (minijinja); tokenize the text without BOS.
 //! - [`error`]: [`RunnerError`], whose variants name the failing phase.
 pub mod cache;
+pub mod chat_template;
 pub mod cli;
 pub mod detokenize;
 pub mod engine;

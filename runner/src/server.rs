@@ -1,6 +1,7 @@
 //! `grove-runner serve`: the `grove.runner.v1.Runner` gRPC service on a Unix
 //! socket, in front of the [`Engine`]. Handlers validate, queue and stream; they
 //! never touch MLX.
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -14,6 +15,7 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
+use crate::chat_template::{ChatRequest, Message, Role, ToolCall};
 use crate::engine::{
     Activity, Engine, EngineConfig, Event, Input, Job, LoadState, Snapshot, SubmitError,
 };
@@ -28,6 +30,8 @@ use crate::sample::SamplingOptions;
 pub struct ServeConfig {
     pub engine: EngineConfig,
     pub socket: PathBuf,
+    /// A system prompt (and tools) to prefill into the prompt cache at start.
+    pub prewarm: Option<ChatRequest>,
 }
 
 /// Why serving failed.
@@ -58,6 +62,20 @@ pub async fn run(
         source,
     })?;
     let (engine, thread) = Engine::spawn(config.engine.clone()).map_err(ServeError::Engine)?;
+    if let Some(chat) = config.prewarm.clone() {
+        // Queued first, so the first request finds the system prompt cached.
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            match engine.prewarm(chat).await {
+                Ok(Ok(p)) => eprintln!(
+                    "grove-runner: prewarmed {} tokens in {:?}",
+                    p.cached_tokens, p.prompt_eval
+                ),
+                Ok(Err(e)) => eprintln!("grove-runner: prewarm failed: {e}"),
+                Err(e) => eprintln!("grove-runner: prewarm failed: {e}"),
+            }
+        });
+    }
     let stop = Arc::new(Notify::new());
     let service = Service {
         engine,
@@ -209,11 +227,96 @@ fn sampling_options(s: pb::SamplingOptions, vocab: usize) -> Result<SamplingOpti
     Ok(opts)
 }
 
+fn parse_json(what: &str, text: &str) -> Result<serde_json::Value, Status> {
+    serde_json::from_str(text)
+        .map_err(|e| Status::invalid_argument(format!("{what} is not valid JSON: {e}")))
+}
+
+fn tools(tools_json: &[String]) -> Result<Vec<serde_json::Value>, Status> {
+    tools_json
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let v = parse_json(&format!("tool {i}"), t)?;
+            if v.is_object() {
+                Ok(v)
+            } else {
+                Err(Status::invalid_argument(format!(
+                    "tool {i} must be a JSON object"
+                )))
+            }
+        })
+        .collect()
+}
+
+fn template_vars(
+    vars: HashMap<String, String>,
+) -> Result<serde_json::Map<String, serde_json::Value>, Status> {
+    let mut out = serde_json::Map::new();
+    for (name, value) in vars {
+        let v = parse_json(&format!("template variable {name}"), &value)?;
+        out.insert(name, v);
+    }
+    Ok(out)
+}
+
+/// A `Chat` message as the chat template takes it.
+fn chat_request(chat: pb::Chat) -> Result<(ChatRequest, Option<String>), Status> {
+    let mut messages = Vec::with_capacity(chat.messages.len());
+    for (i, m) in chat.messages.into_iter().enumerate() {
+        let role = match pb::Role::try_from(m.role) {
+            Ok(pb::Role::System) => Role::System,
+            Ok(pb::Role::User) => Role::User,
+            Ok(pb::Role::Assistant) => Role::Assistant,
+            Ok(pb::Role::Tool) => Role::Tool,
+            _ => {
+                return Err(Status::invalid_argument(format!(
+                    "message {i} has no valid role"
+                )));
+            }
+        };
+        let mut tool_calls = Vec::with_capacity(m.tool_calls.len());
+        for call in m.tool_calls {
+            let id = (!call.id.is_empty()).then_some(call.id);
+            tool_calls.push(
+                ToolCall::from_json_arguments(&call.name, &call.arguments_json, id)
+                    .map_err(runner_status)?,
+            );
+        }
+        messages.push(Message {
+            role,
+            content: m.content,
+            tool_calls,
+            tool_call_id: (!m.tool_call_id.is_empty()).then_some(m.tool_call_id),
+            name: (!m.name.is_empty()).then_some(m.name),
+        });
+    }
+    if messages.is_empty() {
+        return Err(Status::invalid_argument("the conversation has no messages"));
+    }
+    let mut extra = template_vars(chat.template_vars_json)?;
+    if let Some(thinking) = chat.enable_thinking {
+        extra.insert("enable_thinking".into(), thinking.into());
+    }
+    let request = ChatRequest {
+        messages,
+        tools: tools(&chat.tools_json)?,
+        add_generation_prompt: chat.add_generation_prompt.unwrap_or(true),
+        extra,
+    };
+    let name = (!chat.template_name.is_empty()).then_some(chat.template_name);
+    Ok((request, name))
+}
+
 /// Checks the options against the model's facts, and builds the engine's job.
 fn job(req: pb::GenerateRequest, vocab: usize) -> Result<Job, Status> {
     let input = match req.input {
         Some(pb::generate_request::Input::Prompt(text)) => Input::Text(text),
         Some(pb::generate_request::Input::Tokens(list)) => Input::Tokens(list.ids),
+        Some(pb::generate_request::Input::Chat(chat)) => {
+            let (request, template) = chat_request(chat)?;
+            Input::Chat { request, template }
+        }
         None => return Err(Status::invalid_argument("give a prompt or tokens")),
     };
     let sampling = sampling_options(req.sampling.unwrap_or_default(), vocab)?;
@@ -347,6 +450,29 @@ impl Runner for Service {
             .map_err(submit_status)?;
         Ok(Response::new(pb::DetokenizeResponse {
             text: text.map_err(runner_status)?,
+        }))
+    }
+
+    async fn prewarm(
+        &self,
+        req: Request<pb::PrewarmRequest>,
+    ) -> Result<Response<pb::PrewarmResponse>, Status> {
+        let r = req.into_inner();
+        let chat = ChatRequest {
+            messages: vec![Message::new(Role::System, r.system)],
+            tools: tools(&r.tools_json)?,
+            add_generation_prompt: false,
+            extra: template_vars(r.template_vars_json)?,
+        };
+        let done = self
+            .engine
+            .prewarm(chat)
+            .await
+            .map_err(submit_status)?
+            .map_err(runner_status)?;
+        Ok(Response::new(pb::PrewarmResponse {
+            cached_tokens: done.cached_tokens as u32,
+            prompt_eval_ns: done.prompt_eval.as_nanos() as u64,
         }))
     }
 

@@ -321,3 +321,195 @@ async fn stop_strings_and_tokenizer_calls() -> Result<()> {
     ensure!(!served.socket.exists(), "socket left behind");
     Ok(())
 }
+
+fn message(role: pb::Role, content: &str) -> pb::Message {
+    pb::Message {
+        role: role as i32,
+        content: content.into(),
+        ..Default::default()
+    }
+}
+
+fn chat_request(
+    messages: Vec<pb::Message>,
+    tools: &[&str],
+    max_tokens: u32,
+) -> pb::GenerateRequest {
+    pb::GenerateRequest {
+        input: Some(pb::generate_request::Input::Chat(pb::Chat {
+            messages,
+            tools_json: tools.iter().map(|t| t.to_string()).collect(),
+            ..Default::default()
+        })),
+        max_tokens,
+        ..Default::default()
+    }
+}
+
+const WEATHER_TOOL: &str = r#"{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}"#;
+
+/// A chat conversation's second turn reuses the first turn (its prompt and the
+/// answer as far as the template re-renders it) and answers as a cold run does.
+#[tokio::test]
+async fn chat_turn_two_reuses_turn_one() -> Result<()> {
+    for model in ["qwen2-f32", "llama-q4"] {
+        let (_served, mut client) = Served::start(&fixtures::model_dir(model)?, &[]).await?;
+        let system = message(pb::Role::System, "You are a terse assistant.");
+        let user1 = message(pb::Role::User, "Tell me about the quick brown fox.");
+        let turn1 = complete(
+            &mut client,
+            chat_request(vec![system.clone(), user1.clone()], &[], 12),
+        )
+        .await?;
+        let first_prompt = turn1.metrics().prompt_tokens;
+
+        let turn2_messages = vec![
+            system.clone(),
+            user1,
+            message(pb::Role::Assistant, &turn1.text),
+            message(pb::Role::User, "And the lazy dog?"),
+        ];
+        let turn2 = complete(&mut client, chat_request(turn2_messages.clone(), &[], 12)).await?;
+        let m = turn2.metrics();
+        ensure!(
+            m.cached_prompt_tokens >= first_prompt && m.cached_prompt_tokens < m.prompt_tokens,
+            "{model}: turn 2 reused {} of {} tokens; turn 1's prompt alone was {first_prompt}",
+            m.cached_prompt_tokens,
+            m.prompt_tokens
+        );
+
+        // Cold: replace the entry with an unrelated conversation, then turn 2
+        // again. (Templates may share a few opening tokens, e.g. a default
+        // system prompt.)
+        let other = vec![message(
+            pb::Role::User,
+            "Something else entirely, at length.",
+        )];
+        complete(&mut client, chat_request(other, &[], 2)).await?;
+        let cold = complete(&mut client, chat_request(turn2_messages, &[], 12)).await?;
+        ensure!(
+            cold.metrics().cached_prompt_tokens < first_prompt / 2,
+            "{model}: after an unrelated chat, turn 2 still reused {} tokens",
+            cold.metrics().cached_prompt_tokens
+        );
+        ensure!(
+            cold.text == turn2.text,
+            "{model}: cached and cold turn 2 differ: {:?} vs {:?}",
+            turn2.text,
+            cold.text
+        );
+    }
+    Ok(())
+}
+
+/// A system prompt prewarmed with the request's tools makes the first request warm.
+#[tokio::test]
+async fn prewarmed_system_prompt() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let tools = dir.path().join("tools.json");
+    std::fs::write(&tools, format!("[{WEATHER_TOOL}]"))?;
+    let system = "You are a weather bot. Answer with tool calls.";
+    let model = qwen3_with_tool_template(dir.path())?;
+    let tools_arg = tools.to_str().context("path")?;
+    let (_served, mut client) = Served::start(
+        &model,
+        &["--prewarm-system", system, "--prewarm-tools", tools_arg],
+    )
+    .await?;
+    // The prewarm is queued ahead of this request, so it is done by the time it runs.
+    let messages = vec![
+        message(pb::Role::System, system),
+        message(pb::Role::User, "Weather in Paris?"),
+    ];
+    let first = complete(
+        &mut client,
+        chat_request(messages.clone(), &[WEATHER_TOOL], 4),
+    )
+    .await?;
+    let status = client.status(pb::StatusRequest {}).await?.into_inner();
+    ensure!(status.memory.context("memory")?.cached_tokens > 0);
+    ensure!(
+        first.metrics().cached_prompt_tokens > 40,
+        "the first request reused only {} tokens",
+        first.metrics().cached_prompt_tokens
+    );
+
+    // The RPC does the same on demand, and reports what it holds.
+    let again = client
+        .prewarm(pb::PrewarmRequest {
+            system: system.into(),
+            tools_json: vec![WEATHER_TOOL.into()],
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    ensure!(again.cached_tokens as u32 >= first.metrics().cached_prompt_tokens);
+    Ok(())
+}
+
+/// A copy of the qwen3-q4 fixture whose chat template is a realistic Qwen3 one
+/// (it renders tools into the system turn).
+fn qwen3_with_tool_template(into: &std::path::Path) -> Result<std::path::PathBuf> {
+    let src = fixtures::model_dir("qwen3-q4")?;
+    let dst = into.join("qwen3-tools");
+    std::fs::create_dir(&dst)?;
+    for entry in std::fs::read_dir(&src)? {
+        let entry = entry?;
+        if entry.file_name() != "chat_template.jinja" {
+            std::fs::copy(entry.path(), dst.join(entry.file_name()))?;
+        }
+    }
+    let realistic = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../runner/tests-data/chat/templates/src/qwen3.jinja");
+    std::fs::copy(&realistic, dst.join("chat_template.jinja"))
+        .with_context(|| format!("copying {}", realistic.display()))?;
+    Ok(dst)
+}
+
+/// Malformed conversations are INVALID_ARGUMENT.
+#[tokio::test]
+async fn bad_chats_are_rejected() -> Result<()> {
+    let (_served, mut client) = Served::start(&fixtures::model_dir("mistral-f32")?, &[]).await?;
+    let no_role = pb::Message {
+        content: "hi".into(),
+        ..Default::default()
+    };
+    let bad_call = pb::Message {
+        role: pb::Role::Assistant as i32,
+        tool_calls: vec![pb::ToolCall {
+            name: "get_weather".into(),
+            arguments_json: "{not json".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let cases = vec![
+        ("no role", chat_request(vec![no_role], &[], 2)),
+        ("no messages", chat_request(vec![], &[], 2)),
+        (
+            "tool call arguments",
+            chat_request(vec![message(pb::Role::User, "hi"), bad_call], &[], 2),
+        ),
+        (
+            "tool that is not JSON",
+            chat_request(vec![message(pb::Role::User, "hi")], &["{oops"], 2),
+        ),
+    ];
+    for (what, req) in cases {
+        let err = complete(&mut client, req)
+            .await
+            .err()
+            .with_context(|| format!("{what} was accepted"))?;
+        ensure!(
+            err.code() == tonic::Code::InvalidArgument,
+            "{what}: {err:?}"
+        );
+    }
+    let ok = complete(
+        &mut client,
+        chat_request(vec![message(pb::Role::User, "hi")], &[], 2),
+    )
+    .await?;
+    ensure!(ok.metrics().prompt_tokens > 2);
+    Ok(())
+}

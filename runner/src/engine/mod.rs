@@ -5,12 +5,15 @@
 //! never wait behind a prefill.
 pub mod prompt_cache;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::chat_template::{ChatRequest, ChatTemplate, Message, Role};
 use crate::error::{Result, RunnerError};
 use crate::generate::{FinishReason, Flow, GenerateParams, Limits, generate_cached};
 use crate::memory::{Budget, budget_memory};
@@ -80,11 +83,23 @@ pub struct Snapshot {
     pub memory: MemoryFigures,
 }
 
-/// A prompt, as text or as ids.
+/// A prompt, as text, ids, or a conversation for the chat template.
 #[derive(Debug, Clone)]
 pub enum Input {
     Text(String),
     Tokens(Vec<u32>),
+    Chat {
+        request: ChatRequest,
+        /// A named template (e.g. "tool_use"); None = the default.
+        template: Option<String>,
+    },
+}
+
+/// What prewarming put into the prompt cache.
+#[derive(Debug, Clone, Copy)]
+pub struct Prewarmed {
+    pub cached_tokens: usize,
+    pub prompt_eval: Duration,
 }
 
 /// One generation request.
@@ -136,6 +151,10 @@ enum Request {
     Detokenize {
         ids: Vec<u32>,
         reply: oneshot::Sender<Result<String>>,
+    },
+    Prewarm {
+        chat: ChatRequest,
+        reply: oneshot::Sender<Result<Prewarmed>>,
     },
 }
 
@@ -214,6 +233,16 @@ impl Engine {
         rx.await.map_err(|_| SubmitError::Stopped)
     }
 
+    /// Prefills a rendered system prompt into the prompt cache.
+    pub async fn prewarm(
+        &self,
+        chat: ChatRequest,
+    ) -> std::result::Result<Result<Prewarmed>, SubmitError> {
+        let (reply, rx) = oneshot::channel();
+        self.submit(Request::Prewarm { chat, reply })?;
+        rx.await.map_err(|_| SubmitError::Stopped)
+    }
+
     /// Decodes ids on the engine thread.
     pub async fn detokenize(
         &self,
@@ -242,6 +271,8 @@ fn send(events: &mpsc::Sender<Event>, mut event: Event) -> bool {
 struct Loaded {
     model: Model,
     tokenizer: Tokenizer,
+    /// Chat templates by name (None = the default), loaded when first asked for.
+    templates: HashMap<Option<String>, Arc<ChatTemplate>>,
     cache: PromptCache,
     budget: Budget,
     context: usize,
@@ -284,6 +315,9 @@ impl Worker {
                 (Request::Detokenize { ids, reply }, Some(l)) => {
                     let _ = reply.send(l.tokenizer.decode(&ids));
                 }
+                (Request::Prewarm { chat, reply }, Some(l)) => {
+                    let _ = reply.send(worker.prewarm(l, &chat));
+                }
                 (request, None) => {
                     let err = || RunnerError::Request("the model failed to load".into());
                     match request {
@@ -292,6 +326,7 @@ impl Worker {
                         }
                         Request::Tokenize { reply, .. } => drop(reply.send(Err(err()))),
                         Request::Detokenize { reply, .. } => drop(reply.send(Err(err()))),
+                        Request::Prewarm { reply, .. } => drop(reply.send(Err(err()))),
                     }
                 }
             }
@@ -336,6 +371,7 @@ impl Worker {
         let loaded = Loaded {
             model,
             tokenizer,
+            templates: HashMap::new(),
             cache,
             budget,
             context,
@@ -363,6 +399,109 @@ impl Worker {
         });
     }
 
+    /// The chat template `name` of the model, loaded once.
+    fn template(&self, l: &mut Loaded, name: Option<&str>) -> Result<Arc<ChatTemplate>> {
+        let key = name.map(str::to_owned);
+        if let Some(t) = l.templates.get(&key) {
+            return Ok(t.clone());
+        }
+        let loaded = ChatTemplate::load(&self.config.model_dir, name)?.ok_or_else(|| {
+            RunnerError::Request("the model has no chat template; send a raw prompt instead".into())
+        })?;
+        let loaded = Arc::new(loaded);
+        l.templates.insert(key, loaded.clone());
+        Ok(loaded)
+    }
+
+    /// Renders a conversation and tokenizes it as transformers does: the
+    /// template writes the special tokens, so none are added again.
+    fn render_chat(
+        &self,
+        l: &mut Loaded,
+        chat: &ChatRequest,
+        name: Option<&str>,
+    ) -> Result<Vec<u32>> {
+        let text = self.template(l, name)?.render(chat)?;
+        l.tokenizer.encode(&text, false)
+    }
+
+    /// The text every conversation that starts with `chat`'s messages begins
+    /// with: `chat` is rendered twice with a different user message after it,
+    /// and the common prefix kept. (Rendering the system turn alone fails with
+    /// templates that require a user message, such as Qwen3's.)
+    fn conversation_prefix(&self, l: &mut Loaded, chat: &ChatRequest) -> Result<String> {
+        let template = self.template(l, None)?;
+        let with_user = |text: &str| {
+            let mut req = chat.clone();
+            req.messages.push(Message::new(Role::User, text));
+            req.add_generation_prompt = false;
+            template.render(&req)
+        };
+        let (a, b) = (with_user("\u{E000}")?, with_user("\u{E001}")?);
+        let common = a
+            .char_indices()
+            .zip(b.chars())
+            .find(|((_, x), y)| x != y)
+            .map_or(a.len().min(b.len()), |((i, _), _)| i);
+        Ok(a[..common].to_owned())
+    }
+
+    /// Prefills the start of conversations that open with `chat` (a system
+    /// prompt and its tools) into the entry.
+    fn prewarm(&self, l: &mut Loaded, chat: &ChatRequest) -> Result<Prewarmed> {
+        let text = self.conversation_prefix(l, chat)?;
+        let prompt = l.tokenizer.encode(&text, false)?;
+        if prompt.is_empty() {
+            return Err(RunnerError::Request(
+                "the system prompt renders to nothing".into(),
+            ));
+        }
+        if prompt.len() > l.context {
+            return Err(RunnerError::Request(format!(
+                "the system prompt has {} tokens, more than the context length of {}",
+                prompt.len(),
+                l.context
+            )));
+        }
+        self.snapshot
+            .send_modify(|s| s.activity = Activity::Prefilling);
+        let cached = l.cache.reuse_for(&prompt);
+        let params = GenerateParams {
+            max_tokens: 0,
+            ..GenerateParams::default()
+        };
+        let limits = Limits {
+            context: l.context,
+            cancelled: &|| false,
+            inspect: None,
+        };
+        let outcome = generate_cached(
+            &l.model,
+            l.cache.layers_mut(),
+            cached,
+            &prompt,
+            &[],
+            &params,
+            &limits,
+            |_| Flow::Continue,
+        );
+        let out = match outcome {
+            Ok(out) => out,
+            Err(e) => {
+                l.cache.clear();
+                self.publish_memory(l);
+                return Err(e);
+            }
+        };
+        l.cache.commit(prompt.iter().copied());
+        let _ = mlx_rs::memory::clear_cache();
+        self.publish_memory(l);
+        Ok(Prewarmed {
+            cached_tokens: l.cache.len(),
+            prompt_eval: Duration::from_secs_f64(out.prompt_seconds),
+        })
+    }
+
     fn generate(&self, l: &mut Loaded, job: Job, events: &mpsc::Sender<Event>) {
         let outcome = self.generate_inner(l, job, events);
         if let Err(e) = outcome {
@@ -378,6 +517,9 @@ impl Worker {
         let prompt = match &job.input {
             Input::Text(text) => l.tokenizer.encode_prompt(text)?,
             Input::Tokens(ids) => ids.clone(),
+            Input::Chat { request, template } => {
+                self.render_chat(l, request, template.as_deref())?
+            }
         };
         let context = match job.num_ctx {
             0 => l.context,
