@@ -54,8 +54,9 @@
 //! transformers (`apply_chat_template(..., tokenize=True)`) and mlx-lm (server and
 //! `generate` CLI) tokenize the rendered text with `add_special_tokens=False`: the
 //! template writes BOS itself where the model wants one. Use
-//! [`Tokenizer::encode`](crate::tokenizer::Tokenizer::encode)`(text, false)`, not
-//! `encode_prompt`, or a template without BOS gets one and Llama's gets two.
+//! [`Tokenizer::encode`](crate::tokenizer::Tokenizer::encode)`(text, false)`:
+//! `encode(text, true)` gives Llama two BOS, and `encode_prompt` adds the
+//! tokenizer's BOS to any rendering that does not start with it.
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

@@ -71,18 +71,29 @@ fn message(v: &Json) -> Message {
     }
 }
 
-fn request(case: &Json) -> ChatRequest {
+/// The request of a case; `conversation` holds its messages and tools.
+fn request_of(case: &Json, conversation: &Json) -> ChatRequest {
     ChatRequest {
-        messages: case["messages"]
+        messages: conversation["messages"]
             .as_array()
             .unwrap()
             .iter()
             .map(message)
             .collect(),
-        tools: case["tools"].as_array().cloned().unwrap_or_default(),
+        tools: conversation
+            .get("tools")
+            .and_then(Json::as_array)
+            .cloned()
+            .unwrap_or_default(),
         add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap_or(false),
         extra: case["extra"].as_object().cloned().unwrap_or_default(),
     }
+}
+
+/// A case whose conversation is named in `file["conversations"]`.
+fn request(file: &Json, case: &Json) -> ChatRequest {
+    let name = case["conversation"].as_str().unwrap();
+    request_of(case, &file["conversations"][name])
 }
 
 fn label(case: &Json) -> String {
@@ -135,8 +146,8 @@ fn load_tokenizer(dir: &Path) -> Tokenizer {
 
 #[test]
 fn fixture_models_render_as_transformers() {
-    let cases = vectors("fixtures.json");
-    let cases = cases.as_array().unwrap();
+    let file = vectors("fixtures.json");
+    let cases = file["cases"].as_array().unwrap();
     let mut templates: HashMap<String, ChatTemplate> = HashMap::new();
     let mut tokenizers: HashMap<String, Tokenizer> = HashMap::new();
     let mut failures = Vec::new();
@@ -148,7 +159,7 @@ fn fixture_models_render_as_transformers() {
                 .unwrap_or_else(|e| panic!("{model}: {e}"))
                 .unwrap_or_else(|| panic!("{model} has no chat template"))
         });
-        let got = template.render(&request(case));
+        let got = template.render(&request(&file, case));
         if let Err(msg) = check(case, &got) {
             failures.push(format!("{}: {msg}", label(case)));
             continue;
@@ -205,8 +216,8 @@ fn bos_is_not_added_twice() {
 
 #[test]
 fn realistic_templates_render_as_transformers() {
-    let cases = vectors("templates.json");
-    let cases = cases.as_array().unwrap();
+    let file = vectors("templates.json");
+    let cases = file["cases"].as_array().unwrap();
     let mut failures = Vec::new();
     for case in cases {
         let dir = data()
@@ -214,7 +225,7 @@ fn realistic_templates_render_as_transformers() {
             .join(case["template"].as_str().unwrap());
         let name = case["template_name"].as_str();
         let got = ChatTemplate::load(&dir, name)
-            .and_then(|t| t.expect("a chat template").render(&request(case)));
+            .and_then(|t| t.expect("a chat template").render(&request(&file, case)));
         if let Err(msg) = check(case, &got) {
             failures.push(format!("{}: {msg}", label(case)));
         }
@@ -237,7 +248,7 @@ fn jinja_features_render_as_transformers() {
             origin: PathBuf::from("jinja.json"),
         };
         let got = ChatTemplate::from_sources(vec![source], tokens.clone(), None)
-            .and_then(|t| t.render(&request(case)));
+            .and_then(|t| t.render(&request_of(case, case)));
         if let Err(msg) = check(case, &got) {
             failures.push(format!("{} {:?}: {msg}", case["name"], case["template"]));
         }

@@ -114,6 +114,11 @@ impl Tokenizer {
             .map_err(|e| RunnerError::Tokenizer(format!("decoding: {e}")))
     }
 
+    /// The id of a token, if the vocabulary has it.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
     /// The ids that end a generation.
     pub fn eos_ids(&self) -> &[u32] {
         &self.eos_ids

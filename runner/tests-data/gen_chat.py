@@ -12,7 +12,8 @@ It writes:
   reads: `chat_template` as a string or as a list of {"name", "template"} in
   tokenizer_config.json, and chat_template.jinja plus additional_chat_templates/*.jinja beside it (with
   a stale `chat_template` left in tokenizer_config.json, which the files must win over).
-- chat/fixtures.json: `AutoTokenizer.from_pretrained(fixture).apply_chat_template(...)` for
+- chat/fixtures.json: the conversations (messages, tools) by name, and cases naming one:
+  `AutoTokenizer.from_pretrained(fixture).apply_chat_template(...)` for
   the eight fixture models (f32: template in tokenizer_config.json; q4: chat_template.jinja),
   text and token ids (tokenize=True), over several conversations.
 - chat/templates.json: the same for chat/templates/<name>, each loaded with the tokenizer.json
@@ -334,8 +335,6 @@ def render(tok, conv, agp, extra, name, with_ids):
     c = CONVERSATIONS[conv]
     case = {
         "conversation": conv,
-        "messages": c["messages"],
-        "tools": c.get("tools"),
         "add_generation_prompt": agp,
         "extra": extra,
         "template_name": name,
@@ -474,7 +473,7 @@ def main():
             for conv, agp, extra, tname in variants(name):
                 case = render(tok, conv, agp, extra, tname, with_ids=True)
                 fixture_cases.append({"model": name, **case})
-    write_json(CHAT / "fixtures.json", fixture_cases)
+    write_json(CHAT / "fixtures.json", {"conversations": CONVERSATIONS, "cases": fixture_cases})
 
     template_cases = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -490,7 +489,7 @@ def main():
         for layout in ("multi", "multi_dir")
     }
     assert by_layout["multi"] == by_layout["multi_dir"], "multi and multi_dir render differently"
-    write_json(CHAT / "templates.json", template_cases)
+    write_json(CHAT / "templates.json", {"conversations": CONVERSATIONS, "cases": template_cases})
 
     tok = AutoTokenizer.from_pretrained(str(fixtures / "qwen2-f32"))
     jinja_cases = []

@@ -1,15 +1,25 @@
-//! `grove`: the daemon and CLI. The daemon, its public gRPC API and the CLI
-//! commands arrive with the daemon issue; today the binary only reports its
-//! version, so the workspace layout is the real one.
-fn main() {
-    let arg = std::env::args().nth(1);
-    match arg.as_deref() {
-        None | Some("--version") | Some("version") => {
-            println!("grove {}", env!("CARGO_PKG_VERSION"))
+//! `grove`: the daemon and CLI; see the library's `cli` module.
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = grove::cli::Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("Error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
         }
-        Some(other) => {
-            eprintln!("grove: {other:?} is not available yet; use grove-runner generate");
-            std::process::exit(2);
+    };
+    match runtime.block_on(grove::cli::run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

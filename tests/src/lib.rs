@@ -6,7 +6,12 @@
 //!   `tests/fixtures/make_fixtures.py`) and its `reference.json` files (mlx-lm's
 //!   outputs).
 //! - [`runner`]: running `grove-runner generate` and parsing its output.
+//! - [`hub_server`]: a Hugging Face hub on 127.0.0.1 over the fixture models,
+//!   with faults to inject, for the store's pull tests.
+//! - [`daemon`]: a real `grove serve` on a free loopback port, and its client.
 //! - [`serve`]: a `grove-runner serve` process and a gRPC client on its socket.
+pub mod daemon;
 pub mod fixtures;
+pub mod hub_server;
 pub mod runner;
 pub mod serve;

@@ -1,0 +1,390 @@
+//! The public `grove.v1.Grove` service: validates and resolves, asks the
+//! scheduler for a runner, and relays the runner's stream with load time added.
+use std::pin::Pin;
+use std::time::{Duration, Instant, SystemTime};
+
+use grove_proto::runner::v1 as rpb;
+use grove_proto::v1 as pb;
+use grove_proto::v1::grove_server::Grove;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Request, Response, Status};
+
+use crate::duration::KeepAlive;
+use crate::resolve::{ResolveError, Resolved, resolve};
+use crate::sched::{Lease, SchedError, Scheduler};
+use crate::show;
+use crate::store::Store;
+
+/// The service's state: the scheduler handle and the store.
+pub struct Api {
+    pub sched: Scheduler,
+    pub store: Store,
+}
+
+type GenStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send>>;
+type PullStream = Pin<Box<dyn Stream<Item = Result<pb::PullProgress, Status>> + Send>>;
+
+fn resolve_status(e: ResolveError) -> Status {
+    match e {
+        ResolveError::Invalid(m) => Status::invalid_argument(m),
+        ResolveError::NotFound(m) => Status::not_found(m),
+    }
+}
+
+fn sched_status(e: SchedError) -> Status {
+    match e {
+        SchedError::Busy(m) | SchedError::NoMemory(m) => Status::resource_exhausted(m),
+        e @ SchedError::LoadFailed { .. } => Status::failed_precondition(e.to_string()),
+        e @ SchedError::ShuttingDown => Status::unavailable(e.to_string()),
+    }
+}
+
+fn keep_alive(ns: Option<i64>) -> Option<KeepAlive> {
+    ns.map(KeepAlive::from_nanos)
+}
+
+fn sampling(o: &pb::Options) -> rpb::SamplingOptions {
+    rpb::SamplingOptions {
+        temperature: o.temperature.unwrap_or(0.0),
+        top_k: o.top_k,
+        top_p: o.top_p,
+        min_p: o.min_p,
+        repetition_penalty: o.repetition_penalty,
+        frequency_penalty: o.frequency_penalty,
+        presence_penalty: o.presence_penalty,
+        logit_bias: o.logit_bias.clone(),
+        seed: o.seed,
+        ..Default::default()
+    }
+}
+
+fn runner_request(
+    input: rpb::generate_request::Input,
+    o: Option<pb::Options>,
+) -> rpb::GenerateRequest {
+    let o = o.unwrap_or_default();
+    rpb::GenerateRequest {
+        input: Some(input),
+        sampling: Some(sampling(&o)),
+        stop: o.stop.clone(),
+        max_tokens: o.max_tokens.unwrap_or(0),
+        num_ctx: o.num_ctx.unwrap_or(0),
+        prefill_chunk: 0,
+    }
+}
+
+fn role(r: i32) -> Result<rpb::Role, Status> {
+    match pb::Role::try_from(r) {
+        Ok(pb::Role::System) => Ok(rpb::Role::System),
+        Ok(pb::Role::User) => Ok(rpb::Role::User),
+        Ok(pb::Role::Assistant) => Ok(rpb::Role::Assistant),
+        Ok(pb::Role::Tool) => Ok(rpb::Role::Tool),
+        _ => Err(Status::invalid_argument("every message needs a role")),
+    }
+}
+
+fn chat_input(r: &pb::ChatRequest) -> Result<rpb::generate_request::Input, Status> {
+    let mut messages = Vec::with_capacity(r.messages.len());
+    for m in &r.messages {
+        messages.push(rpb::Message {
+            role: role(m.role)? as i32,
+            content: m.content.clone(),
+            tool_calls: m
+                .tool_calls
+                .iter()
+                .map(|c| rpb::ToolCall {
+                    id: c.id.clone(),
+                    name: c.name.clone(),
+                    arguments_json: c.arguments_json.clone(),
+                })
+                .collect(),
+            tool_call_id: m.tool_call_id.clone(),
+            name: m.name.clone(),
+        });
+    }
+    Ok(rpb::generate_request::Input::Chat(rpb::Chat {
+        messages,
+        tools_json: r.tools_json.clone(),
+        add_generation_prompt: None,
+        enable_thinking: r.enable_thinking,
+        ..Default::default()
+    }))
+}
+
+fn done(d: rpb::Done, load: Duration, started: Instant) -> pb::GenerateResponse {
+    let m = d.metrics.unwrap_or_default();
+    let reason = match rpb::DoneReason::try_from(d.reason) {
+        Ok(rpb::DoneReason::Stop) => pb::DoneReason::Stop,
+        Ok(rpb::DoneReason::Length) => pb::DoneReason::Length,
+        Ok(rpb::DoneReason::Cancelled) => pb::DoneReason::Cancelled,
+        _ => pb::DoneReason::Unspecified,
+    };
+    pb::GenerateResponse {
+        event: Some(pb::generate_response::Event::Done(pb::Done {
+            reason: reason as i32,
+            metrics: Some(pb::Metrics {
+                prompt_tokens: m.prompt_tokens,
+                cached_prompt_tokens: m.cached_prompt_tokens,
+                prompt_eval_ns: m.prompt_eval_ns,
+                eval_tokens: m.eval_tokens,
+                eval_ns: m.eval_ns,
+                load_ns: load.as_nanos() as u64,
+                total_ns: started.elapsed().as_nanos() as u64,
+            }),
+        })),
+    }
+}
+
+/// A runner-side failure as the client should see it: a dead runner is
+/// UNAVAILABLE with the end of its stderr; request errors pass through.
+async fn runner_failure(status: Status, lease: &Lease, model: &str) -> Status {
+    match status.code() {
+        Code::InvalidArgument
+        | Code::ResourceExhausted
+        | Code::FailedPrecondition
+        | Code::NotFound => status,
+        _ => {
+            // Give the stderr reader a moment to catch the runner's last words.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            let tail = lease.stderr.text();
+            Status::unavailable(format!(
+                "the runner for {model} failed ({}){}",
+                status.message(),
+                if tail.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {tail}")
+                }
+            ))
+        }
+    }
+}
+
+impl Api {
+    fn resolve(&self, model: &str) -> Result<Resolved, Status> {
+        if model.trim().is_empty() {
+            return Err(Status::invalid_argument("name a model"));
+        }
+        resolve(&self.store, model).map_err(resolve_status)
+    }
+
+    /// Runs one generation on the model's runner and relays its stream.
+    async fn relay(
+        &self,
+        model: Resolved,
+        ka: Option<KeepAlive>,
+        req: rpb::GenerateRequest,
+    ) -> Result<GenStream, Status> {
+        let started = Instant::now();
+        let lease = self
+            .sched
+            .acquire(model.name.clone(), model.dir.clone(), ka)
+            .await
+            .map_err(sched_status)?;
+        let mut client = lease.client.clone();
+        let mut stream = match client.generate(req).await {
+            Ok(s) => s.into_inner(),
+            Err(status) => return Err(runner_failure(status, &lease, &model.name).await),
+        };
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(async move {
+            let lease = lease; // released when the relay ends
+            loop {
+                let item = match stream.message().await {
+                    Ok(Some(msg)) => match msg.event {
+                        Some(rpb::generate_response::Event::Text(t)) => Ok(pb::GenerateResponse {
+                            event: Some(pb::generate_response::Event::Text(t)),
+                        }),
+                        Some(rpb::generate_response::Event::Done(d)) => {
+                            let _ = tx.send(Ok(done(d, lease.load_time, started))).await;
+                            return;
+                        }
+                        None => continue,
+                    },
+                    Ok(None) => Err(runner_failure(
+                        Status::unknown("stream ended early"),
+                        &lease,
+                        &model.name,
+                    )
+                    .await),
+                    Err(status) => Err(runner_failure(status, &lease, &model.name).await),
+                };
+                let failed = item.is_err();
+                // A client that went away drops `stream`, which cancels the runner's work.
+                if tx.send(item).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        Ok(Box::pin(ReceiverStream::new(rx)))
+    }
+}
+
+#[tonic::async_trait]
+impl Grove for Api {
+    type ChatStream = GenStream;
+    type GenerateStream = GenStream;
+    type PullStream = PullStream;
+
+    async fn chat(&self, req: Request<pb::ChatRequest>) -> Result<Response<GenStream>, Status> {
+        let r = req.into_inner();
+        let model = self.resolve(&r.model)?;
+        if r.messages.is_empty() {
+            return Err(Status::invalid_argument("the conversation has no messages"));
+        }
+        let input = chat_input(&r)?;
+        let stream = self
+            .relay(
+                model,
+                keep_alive(r.keep_alive_ns),
+                runner_request(input, r.options),
+            )
+            .await?;
+        Ok(Response::new(stream))
+    }
+
+    async fn generate(
+        &self,
+        req: Request<pb::GenerateRequest>,
+    ) -> Result<Response<GenStream>, Status> {
+        let r = req.into_inner();
+        let model = self.resolve(&r.model)?;
+        if r.prompt.is_empty() {
+            return Err(Status::invalid_argument("the prompt is empty"));
+        }
+        let input = rpb::generate_request::Input::Prompt(r.prompt);
+        let stream = self
+            .relay(
+                model,
+                keep_alive(r.keep_alive_ns),
+                runner_request(input, r.options),
+            )
+            .await?;
+        Ok(Response::new(stream))
+    }
+
+    async fn list(
+        &self,
+        _: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
+        let models = self
+            .store
+            .list()
+            .map_err(|e| Status::internal(e.to_string()))?;
+        let models = models
+            .into_iter()
+            .map(|m| pb::ModelSummary {
+                name: m.name.to_string(),
+                revision: m.commit,
+                size_bytes: m.size_bytes,
+                modified_unix: m
+                    .modified
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs() as i64),
+                path: m.path.display().to_string(),
+            })
+            .collect();
+        Ok(Response::new(pb::ListResponse { models }))
+    }
+
+    async fn show(
+        &self,
+        req: Request<pb::ShowRequest>,
+    ) -> Result<Response<pb::ShowResponse>, Status> {
+        let model = self.resolve(&req.into_inner().model)?;
+        show::show(&model)
+            .map(Response::new)
+            .map_err(Status::failed_precondition)
+    }
+
+    async fn delete(
+        &self,
+        req: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::DeleteResponse>, Status> {
+        let name = req.into_inner().model;
+        let parsed = crate::store::ModelRef::parse(&name)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let crate::store::ModelRef::Repo(repo) = parsed else {
+            return Err(Status::invalid_argument(
+                "grove rm removes models from the store, not local directories",
+            ));
+        };
+        if let Ok(model) = self.resolve(&name) {
+            let _ = self.sched.unload(model.dir).await;
+        }
+        let report = self
+            .store
+            .remove(&repo)
+            .map_err(|e| Status::not_found(e.to_string()))?;
+        Ok(Response::new(pb::DeleteResponse {
+            freed_bytes: report.bytes_freed,
+        }))
+    }
+
+    async fn ps(&self, _: Request<pb::PsRequest>) -> Result<Response<pb::PsResponse>, Status> {
+        let running = self.sched.ps().await.map_err(sched_status)?;
+        let models = running
+            .into_iter()
+            .map(|r| pb::RunningModel {
+                name: r.name,
+                size_bytes: r.reserved_bytes,
+                processor: if r.facts.on_gpu {
+                    pb::Processor::Gpu
+                } else {
+                    pb::Processor::Cpu
+                } as i32,
+                context_length: r.facts.context_length,
+                expires_unix: r
+                    .expires
+                    .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_secs() as i64),
+                active_requests: r.active as u32,
+                pid: r.pid,
+            })
+            .collect();
+        Ok(Response::new(pb::PsResponse { models }))
+    }
+
+    async fn load(
+        &self,
+        req: Request<pb::LoadRequest>,
+    ) -> Result<Response<pb::LoadResponse>, Status> {
+        let r = req.into_inner();
+        let model = self.resolve(&r.model)?;
+        let lease = self
+            .sched
+            .acquire(model.name, model.dir, keep_alive(r.keep_alive_ns))
+            .await
+            .map_err(sched_status)?;
+        Ok(Response::new(pb::LoadResponse {
+            load_ns: lease.load_time.as_nanos() as u64,
+        }))
+    }
+
+    async fn unload(
+        &self,
+        req: Request<pb::UnloadRequest>,
+    ) -> Result<Response<pb::UnloadResponse>, Status> {
+        let model = self.resolve(&req.into_inner().model)?;
+        match self.sched.unload(model.dir).await.map_err(sched_status)? {
+            true => Ok(Response::new(pb::UnloadResponse {})),
+            false => Err(Status::not_found(format!("{} is not loaded", model.name))),
+        }
+    }
+
+    async fn version(
+        &self,
+        _: Request<pb::VersionRequest>,
+    ) -> Result<Response<pb::VersionResponse>, Status> {
+        Ok(Response::new(pb::VersionResponse {
+            version: env!("CARGO_PKG_VERSION").into(),
+        }))
+    }
+
+    async fn pull(&self, req: Request<pb::PullRequest>) -> Result<Response<PullStream>, Status> {
+        let _ = req;
+        Err(Status::unimplemented("TEMP"))
+    }
+}

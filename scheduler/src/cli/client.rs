@@ -1,0 +1,62 @@
+//! The CLI's connection to the daemon, starting one in the background when
+//! none answers.
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use grove_proto::v1 as pb;
+use grove_proto::v1::grove_client::GroveClient;
+use tonic::transport::{Channel, Endpoint};
+
+/// Connects to the daemon at `addr`, if one answers.
+pub async fn connect(addr: SocketAddr) -> Result<GroveClient<Channel>> {
+    let channel = Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await?;
+    let mut client = GroveClient::new(channel);
+    client.version(pb::VersionRequest {}).await?;
+    Ok(client)
+}
+
+/// Connects to the daemon, starting `grove serve` in the background first if
+/// none answers.
+pub async fn connect_or_start(addr: SocketAddr) -> Result<GroveClient<Channel>> {
+    if let Ok(client) = connect(addr).await {
+        return Ok(client);
+    }
+    let exe = std::env::current_exe().context("finding the grove binary")?;
+    let log_path = std::env::temp_dir().join("grove-serve.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)?;
+    eprintln!(
+        "grove: starting the daemon on {addr} (log: {})",
+        log_path.display()
+    );
+    std::process::Command::new(exe)
+        .arg("serve")
+        .env("GROVE_HOST", addr.to_string())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .context("starting grove serve")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(client) = connect(addr).await {
+            return Ok(client);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the daemon did not answer on {addr} within 30 s; see {}",
+                log_path.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

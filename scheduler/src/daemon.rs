@@ -1,0 +1,110 @@
+//! `grove serve`: the gRPC daemon. Binds loopback unless told otherwise, serves
+//! `grove.v1.Grove` plus gRPC health and reflection, and on shutdown ends
+//! in-flight streams, stops every runner and removes their sockets.
+use std::future::Future;
+use std::time::Duration;
+
+use grove_proto::v1::grove_server::GroveServer;
+
+use crate::api::Api;
+use crate::config::DaemonConfig;
+use crate::sched::{SchedConfig, Scheduler};
+use crate::store::Store;
+
+/// Why the daemon stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(
+        "refusing to listen on {0}, which is not a loopback address: anyone who can reach it could use \
+         your models. Set GROVE_ALLOW_REMOTE=1 to allow it."
+    )]
+    NotLoopback(std::net::SocketAddr),
+    #[error("creating the runners' socket directory: {0}")]
+    SocketDir(std::io::Error),
+    #[error("the model store: {0}")]
+    Store(String),
+    #[error("reflection: {0}")]
+    Reflection(String),
+    #[error("serving on {addr}: {source}")]
+    Serve {
+        addr: std::net::SocketAddr,
+        source: tonic::transport::Error,
+    },
+}
+
+/// How long in-flight streams get to end after the runners are stopped.
+const GRACE: Duration = Duration::from_secs(3);
+
+/// Serves until `shutdown` resolves.
+pub async fn run(
+    config: DaemonConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), DaemonError> {
+    if !config.host.ip().is_loopback() {
+        if !config.allow_remote {
+            return Err(DaemonError::NotLoopback(config.host));
+        }
+        eprintln!(
+            "grove: WARNING: listening on {}, reachable from other machines",
+            config.host
+        );
+    }
+    let sockets = tempfile::Builder::new()
+        .prefix("grove-runners-")
+        .tempdir()
+        .map_err(DaemonError::SocketDir)?;
+    let sched = Scheduler::start(SchedConfig {
+        runner_bin: config.runner_bin.clone(),
+        socket_dir: sockets.path().to_owned(),
+        keep_alive: config.keep_alive,
+        max_loaded: config.max_loaded,
+        max_queue: config.max_queue,
+        load_timeout: config.load_timeout,
+        memory_budget: config.memory_budget,
+        context_length: config.context_length,
+    });
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<GroveServer<Api>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(grove_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| DaemonError::Reflection(e.to_string()))?;
+    let store = Store::from_env().map_err(|e| DaemonError::Store(e.to_string()))?;
+    let api = Api {
+        sched: sched.clone(),
+        store,
+    };
+    eprintln!(
+        "grove: listening on {} (budget {} MiB, up to {} models, keep_alive {:?})",
+        config.host,
+        config.memory_budget >> 20,
+        config.max_loaded,
+        config.keep_alive
+    );
+    let (fired_tx, mut fired) = tokio::sync::watch::channel(false);
+    let stopping = {
+        let sched = sched.clone();
+        async move {
+            shutdown.await;
+            eprintln!("grove: shutting down: stopping runners");
+            // Stopping the runners ends every in-flight stream with a status.
+            sched.shutdown().await;
+            let _ = fired_tx.send(true);
+        }
+    };
+    let serve = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(GroveServer::new(api))
+        .serve_with_shutdown(config.host, stopping);
+    let deadline = async move {
+        let _ = fired.wait_for(|f| *f).await;
+        tokio::time::sleep(GRACE).await;
+    };
+    let result = tokio::select! {
+        r = serve => r.map_err(|source| DaemonError::Serve { addr: config.host, source }),
+        _ = deadline => Ok(()),
+    };
+    drop(sockets);
+    result
+}

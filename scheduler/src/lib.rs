@@ -1,0 +1,32 @@
+//! Grove's daemon and CLI: one `grove-runner` process per model, scheduled
+//! against memory, behind the public `grove.v1` gRPC API.
+//!
+//! # Layout
+//! - [`cli`]: the `grove` command line; [`cli_pull`], [`cli_service`] its
+//!   `pull` and `service` commands.
+//! - [`daemon`]: `grove serve`, i.e. [`daemon::run`]`(config, shutdown)`.
+//! - [`api`]: the `grove.v1.Grove` gRPC service.
+//! - [`sched`]: the scheduler actor: runner processes, memory budget, eviction,
+//!   keep_alive, queues, crash recovery.
+//! - [`runner_proc`]: starting, watching and stopping one `grove-runner`.
+//! - [`config`], [`duration`]: settings from GROVE_* and keep_alive parsing.
+//! - [`resolve`], [`show`], [`model_size`]: model names, facts and sizes.
+//! - [`pull_rpc`]: the daemon's `Pull` stream over [`store::pull`].
+//! - [`store`]: the model store, i.e. the Hugging Face hub cache (names,
+//!   snapshots, listing, removal) and `pull` from the hub.
+//! - [`service`]: launchd and systemd user services.
+pub mod api;
+pub mod cli;
+
+pub mod cli_service;
+pub mod config;
+pub mod daemon;
+pub mod duration;
+pub mod model_size;
+
+pub mod resolve;
+pub mod runner_proc;
+pub mod sched;
+pub mod service;
+pub mod show;
+pub mod store;

@@ -1,0 +1,140 @@
+//! What loading a model costs, read without loading it: weight bytes from the
+//! safetensors headers, the minimum KV cache from config.json.
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use serde_json::Value;
+
+/// Tokens of KV cache every loaded model must at least have room for.
+pub const MIN_KV_TOKENS: u64 = 2048;
+/// Activations and MLX's buffers besides weights and KV.
+pub const HEADROOM: u64 = 256 << 20;
+
+/// The memory a model needs to load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelSize {
+    pub weight_bytes: u64,
+    /// KV bytes per token, all layers.
+    pub kv_bytes_per_token: u64,
+    /// Weights + the minimum KV + headroom.
+    pub min_bytes: u64,
+}
+
+/// Reads the sizes of the model in `dir`.
+pub fn model_size(dir: &Path) -> Result<ModelSize, String> {
+    let mut weight_bytes = 0u64;
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+    let mut found = false;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|x| x == "safetensors") {
+            weight_bytes += safetensors_bytes(&path)?;
+            found = true;
+        }
+    }
+    if !found {
+        return Err(format!("no safetensors files in {}", dir.display()));
+    }
+    let config_path = dir.join("config.json");
+    let config: Value = std::fs::read_to_string(&config_path)
+        .map_err(|e| format!("reading {}: {e}", config_path.display()))
+        .and_then(|t| {
+            serde_json::from_str(&t).map_err(|e| format!("{}: {e}", config_path.display()))
+        })?;
+    let get = |k: &str| config.get(k).and_then(Value::as_u64);
+    let layers = get("num_hidden_layers").unwrap_or(0);
+    let heads = get("num_attention_heads").unwrap_or(1).max(1);
+    let kv_heads = get("num_key_value_heads").unwrap_or(heads);
+    let head_dim = get("head_dim").unwrap_or(get("hidden_size").unwrap_or(0) / heads);
+    let dtype_bytes = match config.get("torch_dtype").and_then(Value::as_str) {
+        Some("float32") => 4,
+        _ => 2,
+    };
+    let kv_bytes_per_token = 2 * layers * kv_heads * head_dim * dtype_bytes;
+    let min_tokens = get("max_position_embeddings").map_or(MIN_KV_TOKENS, |m| m.min(MIN_KV_TOKENS));
+    Ok(ModelSize {
+        weight_bytes,
+        kv_bytes_per_token,
+        min_bytes: weight_bytes + kv_bytes_per_token * min_tokens + HEADROOM,
+    })
+}
+
+/// Parameters in the model's safetensors files; packed quantized (uint32)
+/// tensors count as the `bits`-wide values they hold, scales and biases not at all.
+pub fn parameter_count(dir: &Path, bits: u64) -> Result<u64, String> {
+    let mut total = 0u64;
+    for entry in std::fs::read_dir(dir)
+        .map_err(|e| format!("reading {}: {e}", dir.display()))?
+        .flatten()
+    {
+        let path = entry.path();
+        if !path.extension().is_some_and(|x| x == "safetensors") {
+            continue;
+        }
+        for (name, tensor) in header(&path)? {
+            let dtype = tensor.get("dtype").and_then(Value::as_str).unwrap_or("");
+            let numel: u64 = tensor
+                .get("shape")
+                .and_then(Value::as_array)
+                .map_or(0, |s| s.iter().filter_map(Value::as_u64).product());
+            if dtype == "U32" {
+                total += numel * 32 / bits.max(1);
+            } else if !(bits < 32 && (name.ends_with(".scales") || name.ends_with(".biases"))) {
+                total += numel;
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// Bytes of the files in `dir` (following links, as the hub cache uses them).
+pub fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| std::fs::metadata(e.path()).ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// The tensors of one safetensors header.
+fn header(path: &Path) -> Result<serde_json::Map<String, Value>, String> {
+    let bad = |what: &str| format!("{}: {what}", path.display());
+    let mut file = File::open(path).map_err(|e| bad(&e.to_string()))?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len)
+        .map_err(|_| bad("too short for a safetensors header"))?;
+    let len = u64::from_le_bytes(len);
+    if len > 100 << 20 {
+        return Err(bad("header length is implausible"));
+    }
+    let mut raw = vec![0u8; len as usize];
+    file.read_exact(&mut raw)
+        .map_err(|_| bad("truncated header"))?;
+    let value: Value =
+        serde_json::from_slice(&raw).map_err(|e| bad(&format!("header is not JSON: {e}")))?;
+    let Value::Object(mut map) = value else {
+        return Err(bad("header is not an object"));
+    };
+    map.remove("__metadata__");
+    Ok(map)
+}
+
+/// The data bytes of one safetensors file, from its header.
+fn safetensors_bytes(path: &Path) -> Result<u64, String> {
+    let bad = |what: &str| format!("{}: {what}", path.display());
+    let mut bytes = 0u64;
+    for (name, tensor) in header(path)? {
+        let offsets = tensor
+            .get("data_offsets")
+            .and_then(Value::as_array)
+            .and_then(|o| Some((o.first()?.as_u64()?, o.get(1)?.as_u64()?)))
+            .ok_or_else(|| bad(&format!("tensor {name} has no data_offsets")))?;
+        bytes += offsets.1.saturating_sub(offsets.0);
+    }
+    Ok(bytes)
+}

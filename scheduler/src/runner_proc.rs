@@ -1,0 +1,161 @@
+//! One `grove-runner serve` child process: started in its own process group
+//! with its socket in the daemon's private directory, ready when its Health
+//! says so, stopped with SIGTERM, a deadline, then SIGKILL, and always reaped.
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use grove_proto::runner::v1 as rpb;
+use grove_proto::runner::v1::runner_client::RunnerClient;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// Lines of a runner's stderr kept for error messages.
+const STDERR_LINES: usize = 20;
+/// How long a stopping runner gets after SIGTERM.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// The last lines a runner wrote to stderr (shared with the task reading them).
+#[derive(Debug, Clone, Default)]
+pub struct StderrTail(Arc<Mutex<VecDeque<String>>>);
+
+impl StderrTail {
+    fn push(&self, line: String) {
+        if let Ok(mut lines) = self.0.lock() {
+            if lines.len() == STDERR_LINES {
+                lines.pop_front();
+            }
+            lines.push_back(line);
+        }
+    }
+
+    /// The kept lines, joined.
+    pub fn text(&self) -> String {
+        self.0
+            .lock()
+            .map(|l| l.iter().cloned().collect::<Vec<_>>().join("\n"))
+            .unwrap_or_default()
+    }
+}
+
+/// A started runner.
+pub struct Spawned {
+    pub child: Child,
+    pub pid: u32,
+    pub socket: PathBuf,
+    pub stderr: StderrTail,
+}
+
+/// Starts `runner serve` for `model` listening on `socket`.
+pub fn spawn(
+    runner: &Path,
+    model: &Path,
+    socket: &Path,
+    extra: &[String],
+) -> Result<Spawned, String> {
+    let mut cmd = Command::new(runner);
+    cmd.arg("serve")
+        .arg("--model")
+        .arg(model)
+        .arg("--socket")
+        .arg(socket)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", runner.display()))?;
+    let pid = child.id().ok_or("the runner exited at once")?;
+    let stderr = StderrTail::default();
+    if let Some(pipe) = child.stderr.take() {
+        let tail = stderr.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(pipe).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tail.push(line);
+            }
+        });
+    }
+    Ok(Spawned {
+        child,
+        pid,
+        socket: socket.to_owned(),
+        stderr,
+    })
+}
+
+/// A gRPC client on the runner's Unix socket.
+pub async fn connect(socket: &Path) -> Result<RunnerClient<Channel>, tonic::transport::Error> {
+    let socket = socket.to_owned();
+    let channel = Endpoint::from_static("http://runner.invalid")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move {
+                tokio::net::UnixStream::connect(socket)
+                    .await
+                    .map(TokioIo::new)
+            }
+        }))
+        .await?;
+    Ok(RunnerClient::new(channel))
+}
+
+/// Waits until the runner on `socket` says READY; fails if it reports a failed
+/// load or `timeout` passes. (Its exit is watched by the caller.)
+pub async fn wait_ready(
+    socket: &Path,
+    stderr: &StderrTail,
+    timeout: Duration,
+) -> Result<RunnerClient<Channel>, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if socket.exists() {
+            if let Ok(mut client) = connect(socket).await {
+                if let Ok(h) = client.health(rpb::HealthRequest {}).await {
+                    let h = h.into_inner();
+                    match rpb::LoadState::try_from(h.state) {
+                        Ok(rpb::LoadState::Ready) => return Ok(client),
+                        Ok(rpb::LoadState::Failed) => {
+                            return Err(format!("the model failed to load: {}", h.error));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the runner was not ready within {timeout:?} (GROVE_LOAD_TIMEOUT): {}",
+                stderr.text()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Sends `signal` to the runner's process group.
+pub fn signal_group(pid: u32, signal: i32) {
+    // SAFETY: kill(2) on a process group we created; errors (e.g. already gone) are ignored.
+    unsafe {
+        libc::kill(-(pid as i32), signal);
+    }
+}
+
+/// Stops a runner: SIGTERM to its group, then SIGKILL after [`STOP_GRACE`], and reaps it.
+pub async fn stop(mut child: Child, pid: u32) {
+    signal_group(pid, libc::SIGTERM);
+    if tokio::time::timeout(STOP_GRACE, child.wait())
+        .await
+        .is_err()
+    {
+        signal_group(pid, libc::SIGKILL);
+        let _ = child.wait().await;
+    }
+}

@@ -1,0 +1,97 @@
+//! `grove show`: what a model is, read from its files without loading it.
+use std::path::Path;
+
+use grove_proto::v1 as pb;
+use serde_json::Value;
+
+use crate::model_size::{dir_bytes, model_size, parameter_count};
+use crate::resolve::Resolved;
+
+fn read_json(path: &Path) -> Option<Value> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+/// The chat template: `chat_template.jinja`, else tokenizer_config.json's.
+fn chat_template(dir: &Path) -> String {
+    if let Ok(t) = std::fs::read_to_string(dir.join("chat_template.jinja")) {
+        return t;
+    }
+    match read_json(&dir.join("tokenizer_config.json"))
+        .and_then(|c| c.get("chat_template").cloned())
+    {
+        Some(Value::String(t)) => t,
+        Some(Value::Array(list)) => list
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .or_else(|| list.first())
+            .and_then(|t| t.get("template").and_then(Value::as_str))
+            .unwrap_or_default()
+            .to_owned(),
+        _ => String::new(),
+    }
+}
+
+/// The license: README front matter's `license:`, else the first line of LICENSE.
+fn license(dir: &Path) -> String {
+    if let Ok(readme) = std::fs::read_to_string(dir.join("README.md")) {
+        if let Some(front) = readme.strip_prefix("---") {
+            for line in front.lines().take_while(|l| l.trim() != "---") {
+                if let Some(v) = line.trim().strip_prefix("license:") {
+                    return v.trim().to_owned();
+                }
+            }
+        }
+    }
+    std::fs::read_to_string(dir.join("LICENSE"))
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| !l.trim().is_empty())
+                .map(|l| l.trim().to_owned())
+        })
+        .unwrap_or_default()
+}
+
+/// Reads the facts of `model`.
+pub fn show(model: &Resolved) -> Result<pb::ShowResponse, String> {
+    let dir = &model.dir;
+    let config = read_json(&dir.join("config.json"))
+        .ok_or_else(|| format!("{}: config.json is unreadable", dir.display()))?;
+    let quant = config
+        .get("quantization")
+        .or_else(|| config.get("quantization_config"));
+    let bits = quant.and_then(|q| q.get("bits")).and_then(Value::as_u64);
+    let group = quant
+        .and_then(|q| q.get("group_size"))
+        .and_then(Value::as_u64);
+    let size = model_size(dir)?;
+    Ok(pb::ShowResponse {
+        name: model.name.clone(),
+        path: dir.display().to_string(),
+        architecture: config
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(Value::as_str)
+            .or_else(|| config.get("model_type").and_then(Value::as_str))
+            .unwrap_or("unknown")
+            .to_owned(),
+        parameter_count: parameter_count(dir, bits.unwrap_or(32))?,
+        quantization: match (bits, group) {
+            (Some(b), Some(g)) => format!("{b}-bit (group {g})"),
+            (Some(b), None) => format!("{b}-bit"),
+            _ => String::new(),
+        },
+        dtype: config
+            .get("torch_dtype")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned(),
+        context_length: config
+            .get("max_position_embeddings")
+            .and_then(Value::as_u64)
+            .unwrap_or(0) as u32,
+        chat_template: chat_template(dir),
+        license: license(dir),
+        size_bytes: dir_bytes(dir).max(size.weight_bytes),
+    })
+}

@@ -1,0 +1,153 @@
+//! A real `grove serve` on a free loopback port, with its own empty hub cache.
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use grove_proto::v1 as pb;
+use grove_proto::v1::grove_client::GroveClient;
+use tonic::transport::Channel;
+
+use crate::runner::binary;
+
+/// A running daemon; killed (with its runners) on drop.
+pub struct Daemon {
+    child: Child,
+    pub addr: String,
+    pub hub: tempfile::TempDir,
+}
+
+/// A free port on 127.0.0.1.
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+impl Daemon {
+    /// Starts `grove serve` with `env` (GROVE_* settings) and waits for it.
+    pub async fn start(env: &[(&str, &str)]) -> Result<(Self, GroveClient<Channel>)> {
+        let addr = format!("127.0.0.1:{}", free_port()?);
+        let hub = tempfile::tempdir()?;
+        let mut cmd = Command::new(binary("grove")?);
+        cmd.arg("serve")
+            .env("GROVE_HOST", &addr)
+            .env("HF_HUB_CACHE", hub.path())
+            .env("HF_HUB_OFFLINE", "1")
+            .env("GROVE_RUNNER", binary("grove-runner")?)
+            .stdin(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().context("starting grove serve")?;
+        let mut daemon = Self { child, addr, hub };
+        let client = daemon.connect_when_up().await?;
+        Ok((daemon, client))
+    }
+
+    async fn connect_when_up(&mut self) -> Result<GroveClient<Channel>> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("grove serve exited: {status}");
+            }
+            if let Ok(mut c) = self.client().await {
+                if c.version(pb::VersionRequest {}).await.is_ok() {
+                    return Ok(c);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("grove serve did not answer within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A new client connection.
+    pub async fn client(&self) -> Result<GroveClient<Channel>> {
+        Ok(GroveClient::connect(format!("http://{}", self.addr)).await?)
+    }
+
+    /// Whether the daemon process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    pub fn terminate(&mut self, within: Duration) -> Result<std::process::ExitStatus> {
+        // SAFETY: kill(2) on our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(s) = self.child.try_wait()? {
+                return Ok(s);
+            }
+            if Instant::now() > deadline {
+                bail!("grove serve did not exit within {within:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SIGTERM first so the daemon stops its runners, then make sure.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(8);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether a process with this pid exists.
+pub fn process_exists(pid: u32) -> bool {
+    PathBuf::from(format!("/proc/{pid}")).exists()
+}
+
+/// A user message.
+pub fn user(text: &str) -> pb::Message {
+    pb::Message {
+        role: pb::Role::User as i32,
+        content: text.into(),
+        ..Default::default()
+    }
+}
+
+/// A chat request for `model` with one user message.
+pub fn chat(model: &str, text: &str, max_tokens: u32) -> pb::ChatRequest {
+    pb::ChatRequest {
+        model: model.into(),
+        messages: vec![user(text)],
+        options: Some(pb::Options {
+            max_tokens: Some(max_tokens),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The text and final message of a stream.
+pub async fn finish(
+    mut stream: tonic::Streaming<pb::GenerateResponse>,
+) -> Result<(String, pb::Done), tonic::Status> {
+    let mut text = String::new();
+    while let Some(m) = stream.message().await? {
+        match m.event {
+            Some(pb::generate_response::Event::Text(t)) => text.push_str(&t),
+            Some(pb::generate_response::Event::Done(d)) => return Ok((text, d)),
+            None => {}
+        }
+    }
+    Err(tonic::Status::internal("no Done"))
+}

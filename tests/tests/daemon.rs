@@ -1,0 +1,284 @@
+//! `grove serve` end to end: real daemon, real runner processes, fixture models.
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use grove_proto::v1 as pb;
+use grove_proto::v1::grove_client::GroveClient;
+use grove_tests::daemon::{Daemon, chat, finish, process_exists};
+use grove_tests::fixtures;
+use tonic::transport::Channel;
+
+/// A prompt the qwen fixtures continue to the end of their 4096-token context.
+const ENDLESS: &str = "Once upon a time";
+
+fn model(name: &str) -> Result<String> {
+    Ok(fixtures::model_dir(name)?
+        .canonicalize()?
+        .display()
+        .to_string())
+}
+
+async fn ps(c: &mut GroveClient<Channel>) -> Result<Vec<pb::RunningModel>> {
+    Ok(c.ps(pb::PsRequest {}).await?.into_inner().models)
+}
+
+async fn wait_until<F: AsyncFnMut() -> Result<bool>>(
+    what: &str,
+    within: Duration,
+    mut cond: F,
+) -> Result<Duration> {
+    let start = Instant::now();
+    loop {
+        if cond().await? {
+            return Ok(start.elapsed());
+        }
+        ensure!(start.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Under a budget that fits one model, loading a second evicts the idle first.
+#[tokio::test]
+async fn second_model_evicts_the_idle_first() -> Result<()> {
+    // Each fixture reserves ~258 MB (weights + 2048 tokens of KV + 256 MB headroom).
+    let (_d, mut c) = Daemon::start(&[("GROVE_MEMORY", "400000000")]).await?;
+    let (a, b) = (model("qwen3-f32")?, model("llama-q4")?);
+    finish(c.chat(chat(&a, "hello", 4)).await?.into_inner()).await?;
+    let loaded = ps(&mut c).await?;
+    ensure!(loaded.len() == 1 && loaded[0].name == a, "{loaded:?}");
+    let first_pid = loaded[0].pid;
+    finish(c.chat(chat(&b, "hello", 4)).await?.into_inner()).await?;
+    let loaded = ps(&mut c).await?;
+    ensure!(
+        loaded.len() == 1 && loaded[0].name == b,
+        "expected only {b}: {loaded:?}"
+    );
+    wait_until("evicted runner exits", Duration::from_secs(8), async || {
+        Ok(!process_exists(first_pid))
+    })
+    .await?;
+
+    // A budget that fits neither is RESOURCE_EXHAUSTED with the numbers.
+    let (_d2, mut small) = Daemon::start(&[("GROVE_MEMORY", "1000000")]).await?;
+    let err = small
+        .chat(chat(&a, "hello", 4))
+        .await
+        .err()
+        .context("loaded into 1 MB")?;
+    ensure!(err.code() == tonic::Code::ResourceExhausted, "{err:?}");
+    ensure!(err.message().contains("1000000"), "{}", err.message());
+    Ok(())
+}
+
+/// A runner killed mid-stream fails only its request (UNAVAILABLE); the daemon
+/// stays up and the next request gets a fresh runner.
+#[tokio::test]
+async fn runner_crash_fails_only_its_request() -> Result<()> {
+    let (mut d, mut c) = Daemon::start(&[]).await?;
+    let m = model("qwen3-f32")?;
+    let mut stream = c.chat(chat(&m, ENDLESS, 0)).await?.into_inner();
+    stream.message().await?.context("no first piece")?;
+    let pid = ps(&mut c).await?.first().context("nothing loaded")?.pid;
+    // SAFETY: kill(2) on the runner the daemon started.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGKILL);
+    }
+    let err = loop {
+        match stream.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => anyhow::bail!("the stream ended without an error"),
+            Err(e) => break e,
+        }
+    };
+    ensure!(err.code() == tonic::Code::Unavailable, "{err:?}");
+    ensure!(d.alive(), "the daemon died with its runner");
+    let (text, done) = finish(c.chat(chat(&m, "hello", 4)).await?.into_inner()).await?;
+    ensure!(done.metrics.context("metrics")?.eval_tokens > 0, "{text:?}");
+    let new_pid = ps(&mut c).await?.first().context("nothing loaded")?.pid;
+    ensure!(new_pid != pid, "the dead runner was reused");
+    Ok(())
+}
+
+/// A client that goes away stops the runner's work: the model is idle at once
+/// and the next request is served without waiting.
+#[tokio::test]
+async fn cancelled_client_frees_the_runner() -> Result<()> {
+    let (_d, mut c) = Daemon::start(&[]).await?;
+    let m = model("qwen3-f32")?;
+    let mut stream = c.chat(chat(&m, ENDLESS, 0)).await?.into_inner();
+    stream.message().await?.context("no first piece")?;
+    drop(stream);
+    let took = wait_until("idle after cancel", Duration::from_secs(3), async || {
+        Ok(ps(&mut c)
+            .await?
+            .first()
+            .is_some_and(|r| r.active_requests == 0))
+    })
+    .await?;
+    let start = Instant::now();
+    finish(c.chat(chat(&m, "hello", 4)).await?.into_inner()).await?;
+    ensure!(
+        start.elapsed() < Duration::from_secs(3),
+        "the next request waited {:?}",
+        start.elapsed()
+    );
+    eprintln!("idle {took:?} after the client left");
+    Ok(())
+}
+
+/// 32 concurrent clients on one model all complete; a small queue overflows
+/// with RESOURCE_EXHAUSTED at once.
+#[tokio::test]
+async fn concurrent_clients_and_queue_limit() -> Result<()> {
+    let (d, _c) = Daemon::start(&[]).await?;
+    let m = model("llama-q4")?;
+    let mut tasks = Vec::new();
+    for i in 0..32 {
+        let mut c = d.client().await?;
+        let m = m.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = c
+                .chat(chat(&m, &format!("client {i} says hello"), 8))
+                .await?;
+            finish(r.into_inner()).await.map_err(anyhow::Error::from)
+        }));
+    }
+    let mut done = 0;
+    for t in tasks {
+        let (_, d) = t.await??;
+        ensure!(d.metrics.is_some());
+        done += 1;
+    }
+    ensure!(done == 32);
+
+    let (d, mut c) = Daemon::start(&[("GROVE_MAX_QUEUE", "2")]).await?;
+    let q = model("qwen3-f32")?;
+    finish(c.chat(chat(&q, "warm up", 2)).await?.into_inner()).await?;
+    // One request runs, a second waits for the runner (its response only
+    // starts when its turn comes), so a third finds the queue of 2 full.
+    let s1 = c.chat(chat(&q, ENDLESS, 0)).await?.into_inner();
+    let mut c2 = d.client().await?;
+    let q2 = q.clone();
+    let waiting = tokio::spawn(async move { c2.chat(chat(&q2, ENDLESS, 0)).await });
+    let queued = wait_until(
+        "second request queued",
+        Duration::from_secs(5),
+        async || {
+            Ok(ps(&mut c)
+                .await?
+                .first()
+                .is_some_and(|r| r.active_requests == 2))
+        },
+    )
+    .await;
+    queued?;
+    let mut c3 = d.client().await?;
+    let start = Instant::now();
+    let err = c3
+        .chat(chat(&q, ENDLESS, 0))
+        .await
+        .err()
+        .context("a third request was queued")?;
+    ensure!(err.code() == tonic::Code::ResourceExhausted, "{err:?}");
+    ensure!(
+        start.elapsed() < Duration::from_secs(1),
+        "the refusal took {:?}",
+        start.elapsed()
+    );
+    drop(s1);
+    waiting.abort();
+    Ok(())
+}
+
+/// keep_alive 0 leaves no runner behind; an expired keep_alive unloads.
+#[tokio::test]
+async fn keep_alive_unloads() -> Result<()> {
+    let (_d, mut c) = Daemon::start(&[("GROVE_KEEP_ALIVE", "1s")]).await?;
+    let m = model("mistral-q4")?;
+    let mut req = chat(&m, "hello", 2);
+    req.keep_alive_ns = Some(0);
+    finish(c.chat(req).await?.into_inner()).await?;
+    ensure!(ps(&mut c).await?.is_empty(), "keep_alive 0 left a runner");
+
+    finish(c.chat(chat(&m, "hello", 2)).await?.into_inner()).await?;
+    let pid = ps(&mut c).await?.first().context("not loaded")?.pid;
+    wait_until("keep_alive 1s expiry", Duration::from_secs(5), async || {
+        Ok(ps(&mut c).await?.is_empty())
+    })
+    .await?;
+    wait_until("expired runner exits", Duration::from_secs(8), async || {
+        Ok(!process_exists(pid))
+    })
+    .await?;
+    Ok(())
+}
+
+/// SIGTERM drains: in-flight streams end with a status, runners are stopped.
+#[tokio::test]
+async fn sigterm_stops_runners_and_ends_streams() -> Result<()> {
+    let (mut d, mut c) = Daemon::start(&[]).await?;
+    let m = model("qwen2-f32")?;
+    let mut stream = c.chat(chat(&m, ENDLESS, 0)).await?.into_inner();
+    stream.message().await?.context("no first piece")?;
+    let pid = ps(&mut c).await?.first().context("not loaded")?.pid;
+    let status = d.terminate(Duration::from_secs(15))?;
+    ensure!(status.success(), "daemon exit status {status}");
+    ensure!(!process_exists(pid), "the runner outlived the daemon");
+    let ended = loop {
+        match stream.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    ensure!(ended.is_err(), "the stream ended as if complete");
+    Ok(())
+}
+
+/// Unknown models and bad requests are clear errors; Show reads a model's facts.
+#[tokio::test]
+async fn errors_and_show() -> Result<()> {
+    let (_d, mut c) = Daemon::start(&[]).await?;
+    let err = c
+        .chat(chat("nobody/nothing", "hi", 2))
+        .await
+        .err()
+        .context("unknown model accepted")?;
+    ensure!(err.code() == tonic::Code::NotFound, "{err:?}");
+    ensure!(err.message().contains("grove pull"), "{}", err.message());
+    let err = c
+        .chat(chat("../../etc", "hi", 2))
+        .await
+        .err()
+        .context("bad name accepted")?;
+    ensure!(
+        matches!(
+            err.code(),
+            tonic::Code::InvalidArgument | tonic::Code::NotFound
+        ),
+        "{err:?}"
+    );
+    let m = model("qwen3-q4")?;
+    let mut req = chat(&m, "hi", 2);
+    req.messages[0].role = 0;
+    let err = c
+        .chat(req)
+        .await
+        .err()
+        .context("roleless message accepted")?;
+    ensure!(err.code() == tonic::Code::InvalidArgument, "{err:?}");
+
+    let show = c
+        .show(pb::ShowRequest { model: m.clone() })
+        .await?
+        .into_inner();
+    ensure!(show.architecture == "Qwen3ForCausalLM", "{show:?}");
+    ensure!(
+        show.quantization == "4-bit (group 64)",
+        "{}",
+        show.quantization
+    );
+    ensure!(show.context_length == 4096 && !show.chat_template.is_empty());
+    ensure!(show.parameter_count > 100_000, "{}", show.parameter_count);
+    Ok(())
+}
