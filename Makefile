@@ -78,15 +78,19 @@ $(FIXTURES)/.stamp: tests/fixtures/make_fixtures.py $(GROVE_HOME)/.py-stamp
 	$(PYTHON) tests/fixtures/make_fixtures.py --out $(FIXTURES)
 	@touch $@
 
-# Grove's main job: generate text from GROVE_MODEL (a model directory), else from a
-# fixture model made on the spot, and print the text and its speeds.
+# Grove's main job: start the daemon, chat once with GROVE_MODEL (a model
+# directory or a repo id in the HF cache), else a fixture model made on the spot,
+# print the answer and its metrics, and stop the daemon it started. (If a daemon
+# already listens on GROVE_HOST, it is used and left running.)
 GROVE_PROMPT ?= Once upon a time in a quiet village,
 GROVE_MAX_TOKENS ?= 64
 run: build fixtures
 	@model="$${GROVE_MODEL:-$(FIXTURES)/llama-f32}"; \
-	echo "model: $$model"; \
-	$(BIN)/grove-runner generate --model "$$model" --prompt "$(GROVE_PROMPT)" \
-	  --max-tokens $(GROVE_MAX_TOKENS) --temperature 0
+	export GROVE_HOST="$${GROVE_HOST:-127.0.0.1:11435}"; \
+	echo "model: $$model  daemon: $$GROVE_HOST (log: $(GROVE_HOME)/serve.log)"; \
+	$(BIN)/grove serve > $(GROVE_HOME)/serve.log 2>&1 & pid=$$!; \
+	trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null' EXIT; \
+	GROVE_NO_AUTOSTART=1 $(BIN)/grove run "$$model" "$(GROVE_PROMPT)" --max-tokens $(GROVE_MAX_TOKENS) --verbose
 
 test: build fixtures
 	$(CARGO) test $(CARGO_FLAGS) --workspace --no-fail-fast

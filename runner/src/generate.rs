@@ -157,6 +157,9 @@ pub enum Stage {
     DecodeStep,
 }
 
+/// A look at the caches after a prefill chunk or decode step.
+pub type Inspect<'a> = dyn Fn(Stage, &[KvCache]) + 'a;
+
 /// Bounds a generation from outside.
 pub struct Limits<'a> {
     /// Most tokens (prompt + generated) the caches may hold.
@@ -165,7 +168,7 @@ pub struct Limits<'a> {
     pub cancelled: &'a dyn Fn() -> bool,
     /// Called after every prefill chunk and decode step with the caches (the
     /// memory-invariant test looks at MLX's memory there).
-    pub inspect: Option<&'a dyn Fn(Stage, &[KvCache])>,
+    pub inspect: Option<&'a Inspect<'a>>,
 }
 
 /// Generates from `prompt` whose first `cached` tokens are already in `caches`

@@ -109,11 +109,7 @@ impl Budget {
         let usable = (memory_total as f64 * FRACTION) as u64;
         let weight_bytes = model.weight_bytes as u64;
         let left = usable.saturating_sub(weight_bytes + headroom);
-        let kv_capacity_tokens = if kv_bytes_per_token == 0 {
-            0
-        } else {
-            left / kv_bytes_per_token
-        };
+        let kv_capacity_tokens = left.checked_div(kv_bytes_per_token).unwrap_or(0);
         Self {
             memory_total,
             memory_source,

@@ -384,7 +384,8 @@ impl Grove for Api {
     }
 
     async fn pull(&self, req: Request<pb::PullRequest>) -> Result<Response<PullStream>, Status> {
-        let _ = req;
-        Err(Status::unimplemented("TEMP"))
+        crate::pull_rpc::pull(self.store.clone(), req.into_inner().model)
+            .await
+            .map(Response::new)
     }
 }

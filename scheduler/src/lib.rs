@@ -17,13 +17,13 @@
 //! - [`service`]: launchd and systemd user services.
 pub mod api;
 pub mod cli;
-
+pub mod cli_pull;
 pub mod cli_service;
 pub mod config;
 pub mod daemon;
 pub mod duration;
 pub mod model_size;
-
+pub mod pull_rpc;
 pub mod resolve;
 pub mod runner_proc;
 pub mod sched;

@@ -69,7 +69,7 @@ pub fn parameter_count(dir: &Path, bits: u64) -> Result<u64, String> {
         .flatten()
     {
         let path = entry.path();
-        if !path.extension().is_some_and(|x| x == "safetensors") {
+        if path.extension().is_none_or(|x| x != "safetensors") {
             continue;
         }
         for (name, tensor) in header(&path)? {

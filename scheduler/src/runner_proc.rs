@@ -116,18 +116,17 @@ pub async fn wait_ready(
 ) -> Result<RunnerClient<Channel>, String> {
     let deadline = Instant::now() + timeout;
     loop {
-        if socket.exists() {
-            if let Ok(mut client) = connect(socket).await {
-                if let Ok(h) = client.health(rpb::HealthRequest {}).await {
-                    let h = h.into_inner();
-                    match rpb::LoadState::try_from(h.state) {
-                        Ok(rpb::LoadState::Ready) => return Ok(client),
-                        Ok(rpb::LoadState::Failed) => {
-                            return Err(format!("the model failed to load: {}", h.error));
-                        }
-                        _ => {}
-                    }
+        if socket.exists()
+            && let Ok(mut client) = connect(socket).await
+            && let Ok(h) = client.health(rpb::HealthRequest {}).await
+        {
+            let h = h.into_inner();
+            match rpb::LoadState::try_from(h.state) {
+                Ok(rpb::LoadState::Ready) => return Ok(client),
+                Ok(rpb::LoadState::Failed) => {
+                    return Err(format!("the model failed to load: {}", h.error));
                 }
+                _ => {}
             }
         }
         if Instant::now() > deadline {

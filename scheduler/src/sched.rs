@@ -277,10 +277,9 @@ impl Actor {
                     .slots
                     .get(&key)
                     .is_some_and(|s| s.generation == generation)
+                    && let Some(slot) = self.slots.remove(&key)
                 {
-                    if let Some(slot) = self.slots.remove(&key) {
-                        fail_waiters(slot, "the runner exited while loading");
-                    }
+                    fail_waiters(slot, "the runner exited while loading");
                 }
             }
             Command::Unload { key, reply } => {
@@ -637,7 +636,7 @@ impl Actor {
 
 fn make_lease(
     slot: &Slot,
-    key: &PathBuf,
+    key: &std::path::Path,
     client: RunnerClient<Channel>,
     keep_alive: KeepAlive,
     load_time: Duration,
@@ -647,7 +646,7 @@ fn make_lease(
         client,
         stderr: slot.stderr.clone(),
         load_time,
-        key: key.clone(),
+        key: key.to_path_buf(),
         generation: slot.generation,
         keep_alive,
         commands: commands.clone(),

@@ -33,12 +33,12 @@ fn chat_template(dir: &Path) -> String {
 
 /// The license: README front matter's `license:`, else the first line of LICENSE.
 fn license(dir: &Path) -> String {
-    if let Ok(readme) = std::fs::read_to_string(dir.join("README.md")) {
-        if let Some(front) = readme.strip_prefix("---") {
-            for line in front.lines().take_while(|l| l.trim() != "---") {
-                if let Some(v) = line.trim().strip_prefix("license:") {
-                    return v.trim().to_owned();
-                }
+    if let Ok(readme) = std::fs::read_to_string(dir.join("README.md"))
+        && let Some(front) = readme.strip_prefix("---")
+    {
+        for line in front.lines().take_while(|l| l.trim() != "---") {
+            if let Some(v) = line.trim().strip_prefix("license:") {
+                return v.trim().to_owned();
             }
         }
     }

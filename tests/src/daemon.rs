@@ -51,10 +51,10 @@ impl Daemon {
             if let Some(status) = self.child.try_wait()? {
                 bail!("grove serve exited: {status}");
             }
-            if let Ok(mut c) = self.client().await {
-                if c.version(pb::VersionRequest {}).await.is_ok() {
-                    return Ok(c);
-                }
+            if let Ok(mut c) = self.client().await
+                && c.version(pb::VersionRequest {}).await.is_ok()
+            {
+                return Ok(c);
             }
             if Instant::now() > deadline {
                 bail!("grove serve did not answer within 30 s");

@@ -15,14 +15,19 @@
 //!   unknown repos and revisions are 404 `RepoNotFound` / `RevisionNotFound`.
 //!
 //! Faults ([`Faults`]): cut a file's response after N bytes, flip a byte of a
-//! file, throttle bodies. Every request is logged ([`Request`]).
+//! file, throttle bodies. Every request is logged ([`Request`]). Also: a pull
+//! that collects its events ([`pull_events`]), and a fixture's runner files.
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use grove::store::pull::is_runner_file;
+
+use crate::fixtures;
+use grove::store::{ModelName, Progress, PullOptions, Store, StoreError, pull};
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -54,7 +59,11 @@ impl File {
 
     /// The blob id the hub gives for it.
     pub fn etag(&self) -> &str {
-        if self.lfs { &self.sha256 } else { &self.git_sha1 }
+        if self.lfs {
+            &self.sha256
+        } else {
+            &self.git_sha1
+        }
     }
 }
 
@@ -174,7 +183,10 @@ impl HubServer {
         for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
             let e = e?;
             if e.file_type()?.is_file() {
-                files.push((e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path())?));
+                files.push((
+                    e.file_name().to_string_lossy().into_owned(),
+                    std::fs::read(e.path())?,
+                ));
             }
         }
         Ok(self.add_repo(id, files))
@@ -211,6 +223,51 @@ impl HubServer {
     pub fn clear_log(&self) {
         self.lock().log.clear();
     }
+
+    /// Body bytes sent for one file (by CDN path or resolve path) so far.
+    pub fn sent_for(&self, etag: &str, file: &str) -> u64 {
+        self.log()
+            .iter()
+            .filter(|r| {
+                r.method == "GET"
+                    && (r.path.ends_with(&format!("/{etag}"))
+                        || r.path.ends_with(&format!("/{file}")))
+            })
+            .map(|r| r.sent)
+            .sum()
+    }
+}
+
+/// Runs a pull, collecting its progress events.
+pub async fn pull_events(
+    store: &Store,
+    name: &ModelName,
+    opts: &PullOptions,
+) -> (Result<PathBuf, StoreError>, Vec<Progress>) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
+    let collect = tokio::spawn(async move {
+        let mut v = Vec::new();
+        while let Some(p) = rx.recv().await {
+            v.push(p);
+        }
+        v
+    });
+    let r = pull(store, name, opts, tx).await;
+    (r, collect.await.unwrap_or_default())
+}
+
+/// The runner files of the fixture and their bytes.
+pub fn runner_files(fixture: &str) -> Result<Vec<(String, Vec<u8>)>> {
+    let dir = fixtures::model_dir(fixture)?;
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(&dir)? {
+        let n = e?.file_name().to_string_lossy().into_owned();
+        if is_runner_file(&n) {
+            out.push((n.clone(), std::fs::read(dir.join(&n))?));
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 struct Reply {
@@ -222,14 +279,21 @@ struct Reply {
 
 impl Reply {
     fn new(status: u16) -> Reply {
-        Reply { status, headers: Vec::new(), body: None, json: None }
+        Reply {
+            status,
+            headers: Vec::new(),
+            body: None,
+            json: None,
+        }
     }
     fn header(mut self, k: &str, v: impl Into<String>) -> Reply {
         self.headers.push((k.to_string(), v.into()));
         self
     }
     fn error(status: u16, code: &str, msg: &str) -> Reply {
-        Reply::new(status).header("X-Error-Code", code).header("X-Error-Message", msg)
+        Reply::new(status)
+            .header("X-Error-Code", code)
+            .header("X-Error-Message", msg)
     }
     fn json(v: serde_json::Value) -> Reply {
         let mut r = Reply::new(200).header("Content-Type", "application/json");
@@ -245,7 +309,10 @@ fn percent_decode(s: &str) -> String {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'%'
-            && let (Some(h), Some(l)) = (b.get(i + 1).and_then(|c| hex(*c)), b.get(i + 2).and_then(|c| hex(*c)))
+            && let (Some(h), Some(l)) = (
+                b.get(i + 1).and_then(|c| hex(*c)),
+                b.get(i + 2).and_then(|c| hex(*c)),
+            )
         {
             out.push(h * 16 + l);
             i += 3;
@@ -283,22 +350,37 @@ async fn serve(mut sock: TcpStream, addr: SocketAddr, st: Arc<Mutex<State>>) -> 
         let guard = st.lock().unwrap_or_else(|e| e.into_inner());
         route(&guard, &path, &headers, addr)
     };
-    let mut sent = 0;
-    let result = write_reply(&mut sock, &method, &reply, &st, &mut sent).await;
+    // Logged before the reply, and `sent` counted before each write, so a
+    // client that has read everything always finds it in the log.
+    let index = {
+        let mut guard = st.lock().unwrap_or_else(|e| e.into_inner());
+        guard.log.push(Request {
+            method: method.clone(),
+            path,
+            authorization: headers.get("authorization").cloned(),
+            range: headers.get("range").cloned(),
+            status: reply.status,
+            sent: 0,
+        });
+        guard.log.len() - 1
+    };
+    write_reply(&mut sock, &method, &reply, &st, index).await
+}
+
+/// Adds `n` body bytes to request `index`'s log entry.
+fn count(st: &Arc<Mutex<State>>, index: usize, n: u64) {
     let mut guard = st.lock().unwrap_or_else(|e| e.into_inner());
-    guard.log.push(Request {
-        method,
-        path,
-        authorization: headers.get("authorization").cloned(),
-        range: headers.get("range").cloned(),
-        status: reply.status,
-        sent,
-    });
-    result
+    if let Some(r) = guard.log.get_mut(index) {
+        r.sent += n;
+    }
 }
 
 fn route(st: &State, path: &str, h: &HashMap<String, String>, addr: SocketAddr) -> Reply {
-    let parts: Vec<String> = path.trim_start_matches('/').split('/').map(percent_decode).collect();
+    let parts: Vec<String> = path
+        .trim_start_matches('/')
+        .split('/')
+        .map(percent_decode)
+        .collect();
     let p: Vec<&str> = parts.iter().map(String::as_str).collect();
     if let ["cdn", sha] = p.as_slice() {
         for repo in st.repos.values() {
@@ -380,7 +462,11 @@ fn body(name: &str, f: &File, h: &HashMap<String, String>) -> Reply {
     let range = h.get("range").and_then(|r| {
         let (a, b) = r.strip_prefix("bytes=")?.split_once('-')?;
         let a: u64 = a.trim().parse().ok()?;
-        let b: u64 = if b.trim().is_empty() { len.saturating_sub(1) } else { b.trim().parse().ok()? };
+        let b: u64 = if b.trim().is_empty() {
+            len.saturating_sub(1)
+        } else {
+            b.trim().parse().ok()?
+        };
         Some((a, b.min(len.saturating_sub(1))))
     });
     let mut r = match range {
@@ -407,7 +493,7 @@ async fn write_reply(
     method: &str,
     r: &Reply,
     st: &Arc<Mutex<State>>,
-    sent: &mut u64,
+    index: usize,
 ) -> Result<()> {
     let reason = match r.status {
         200 => "OK",
@@ -425,7 +511,10 @@ async fn write_reply(
         (_, Some(j)) => j.len() as u64,
         _ => 0,
     };
-    let mut head = format!("HTTP/1.1 {} {reason}\r\nContent-Length: {len}\r\nConnection: close\r\n", r.status);
+    let mut head = format!(
+        "HTTP/1.1 {} {reason}\r\nContent-Length: {len}\r\nConnection: close\r\n",
+        r.status
+    );
     for (k, v) in &r.headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -435,8 +524,8 @@ async fn write_reply(
         return Ok(sock.flush().await?);
     }
     if let Some(j) = &r.json {
+        count(st, index, j.len() as u64);
         sock.write_all(j).await?;
-        *sent += j.len() as u64;
     }
     if let Some((name, data, a, b)) = &r.body {
         let faults = {
@@ -450,31 +539,35 @@ async fn write_reply(
             }
             f
         };
-        let cut = faults.cut.filter(|(n, _)| n == name && faults.cut_times > 0).map(|(_, at)| at);
+        let cut = faults
+            .cut
+            .filter(|(n, _)| n == name && faults.cut_times > 0)
+            .map(|(_, at)| at);
         let flip = faults.corrupt.filter(|(n, _)| n == name).map(|(_, at)| at);
         let step = 16 * 1024;
         let mut pos = *a;
+        let mut sent = 0;
         while pos < *b {
             let end = (pos + step).min(*b);
             let mut piece = data[pos as usize..end as usize].to_vec();
             if let Some(at) = flip.filter(|at| (pos..end).contains(at)) {
                 piece[(at - pos) as usize] ^= 0xff;
             }
-            if let Some(limit) = cut {
-                let left = limit.saturating_sub(*sent);
-                if (piece.len() as u64) >= left {
-                    piece.truncate(left as usize);
-                    sock.write_all(&piece).await?;
-                    *sent += piece.len() as u64;
-                    sock.flush().await?;
-                    // Drop the connection mid-body.
-                    return Ok(());
-                }
+            let cut_now = cut.is_some_and(|limit| sent + piece.len() as u64 >= limit);
+            if let Some(limit) = cut.filter(|_| cut_now) {
+                piece.truncate((limit - sent) as usize);
             }
+            count(st, index, piece.len() as u64);
             sock.write_all(&piece).await?;
-            *sent += piece.len() as u64;
+            sent += piece.len() as u64;
+            if cut_now {
+                // Drop the connection mid-body.
+                sock.flush().await?;
+                return Ok(());
+            }
             if faults.throttle > 0 {
-                tokio::time::sleep(Duration::from_secs_f64(piece.len() as f64 / faults.throttle as f64)).await;
+                let secs = piece.len() as f64 / faults.throttle as f64;
+                tokio::time::sleep(Duration::from_secs_f64(secs)).await;
             }
             pos = end;
         }

@@ -49,16 +49,16 @@ impl Served {
             if let Some(status) = self.child.try_wait()? {
                 bail!("grove-runner serve exited early: {status}");
             }
-            if self.socket.exists() {
-                if let Ok(mut client) = connect(&self.socket).await {
-                    let health = client.health(pb::HealthRequest {}).await?.into_inner();
-                    match pb::LoadState::try_from(health.state) {
-                        Ok(pb::LoadState::Ready) => return Ok(client),
-                        Ok(pb::LoadState::Failed) => {
-                            bail!("the model failed to load: {}", health.error)
-                        }
-                        _ => {}
+            if self.socket.exists()
+                && let Ok(mut client) = connect(&self.socket).await
+            {
+                let health = client.health(pb::HealthRequest {}).await?.into_inner();
+                match pb::LoadState::try_from(health.state) {
+                    Ok(pb::LoadState::Ready) => return Ok(client),
+                    Ok(pb::LoadState::Failed) => {
+                        bail!("the model failed to load: {}", health.error)
                     }
+                    _ => {}
                 }
             }
             if Instant::now() > deadline {

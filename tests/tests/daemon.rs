@@ -282,3 +282,75 @@ async fn errors_and_show() -> Result<()> {
     ensure!(show.parameter_count > 100_000, "{}", show.parameter_count);
     Ok(())
 }
+
+/// `Pull` through the daemon from a local hub server; the model is then listed,
+/// runnable by its repo id, and removable; `grove pull` draws the progress.
+#[tokio::test]
+async fn pull_list_run_rm_through_the_daemon() -> Result<()> {
+    let hub = grove_tests::hub_server::HubServer::start().await?;
+    hub.add_fixture("test-org/tiny-qwen", &fixtures::model_dir("qwen2-f32")?)?;
+    let endpoint = hub.endpoint();
+    let (d, mut c) = Daemon::start(&[("HF_ENDPOINT", &endpoint), ("HF_HUB_OFFLINE", "0")]).await?;
+
+    // The CLI's progress, from the daemon's stream.
+    let out = tokio::process::Command::new(grove_tests::runner::binary("grove")?)
+        .args(["pull", "test-org/tiny-qwen"])
+        .env("GROVE_HOST", &d.addr)
+        .env("GROVE_NO_AUTOSTART", "1")
+        .output()
+        .await?;
+    let progress = String::from_utf8_lossy(&out.stderr);
+    eprintln!("grove pull test-org/tiny-qwen:\n{progress}");
+    ensure!(out.status.success(), "grove pull failed: {progress}");
+
+    let models = c.list(pb::ListRequest {}).await?.into_inner().models;
+    ensure!(
+        models
+            .iter()
+            .any(|m| m.name == "test-org/tiny-qwen" && m.size_bytes > 0),
+        "{models:?}"
+    );
+    let (_, done) = finish(
+        c.chat(chat("test-org/tiny-qwen", "hello", 4))
+            .await?
+            .into_inner(),
+    )
+    .await?;
+    ensure!(done.metrics.context("metrics")?.eval_tokens > 0);
+
+    // Pulling again is a no-op; the stream still ends with DONE.
+    let mut stream = c
+        .pull(pb::PullRequest {
+            model: "test-org/tiny-qwen".into(),
+        })
+        .await?
+        .into_inner();
+    let mut last = None;
+    while let Some(m) = stream.message().await? {
+        last = Some(m.stage);
+    }
+    ensure!(last == Some(pb::PullStage::Done as i32), "{last:?}");
+
+    let freed = c
+        .delete(pb::DeleteRequest {
+            model: "test-org/tiny-qwen".into(),
+        })
+        .await?
+        .into_inner()
+        .freed_bytes;
+    ensure!(freed > 0);
+    ensure!(
+        c.list(pb::ListRequest {})
+            .await?
+            .into_inner()
+            .models
+            .is_empty()
+    );
+    let err = c
+        .chat(chat("test-org/tiny-qwen", "hello", 4))
+        .await
+        .err()
+        .context("removed model ran")?;
+    ensure!(err.code() == tonic::Code::NotFound, "{err:?}");
+    Ok(())
+}

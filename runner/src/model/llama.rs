@@ -56,13 +56,13 @@ impl Config {
                 "mlp_bias = true is not supported".into(),
             ));
         }
-        if let Some(types) = &self.layer_types {
-            if let Some(other) = types.iter().find(|t| t.as_str() != "full_attention") {
-                return Err(config_error(
-                    path,
-                    format!("layer type {other:?} is not supported yet"),
-                ));
-            }
+        if let Some(types) = &self.layer_types
+            && let Some(other) = types.iter().find(|t| t.as_str() != "full_attention")
+        {
+            return Err(config_error(
+                path,
+                format!("layer type {other:?} is not supported yet"),
+            ));
         }
         let heads = self.num_attention_heads;
         Ok(DecoderSpec {

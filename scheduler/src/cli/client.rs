@@ -22,10 +22,21 @@ pub async fn connect(addr: SocketAddr) -> Result<GroveClient<Channel>> {
 }
 
 /// Connects to the daemon, starting `grove serve` in the background first if
-/// none answers.
+/// none answers. With GROVE_NO_AUTOSTART=1 it only waits (up to 30 s) for one
+/// that is starting elsewhere.
 pub async fn connect_or_start(addr: SocketAddr) -> Result<GroveClient<Channel>> {
     if let Ok(client) = connect(addr).await {
         return Ok(client);
+    }
+    if std::env::var("GROVE_NO_AUTOSTART").is_ok_and(|v| v == "1") {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if let Ok(client) = connect(addr).await {
+                return Ok(client);
+            }
+        }
+        bail!("no daemon answered on {addr} within 30 s (GROVE_NO_AUTOSTART=1)");
     }
     let exe = std::env::current_exe().context("finding the grove binary")?;
     let log_path = std::env::temp_dir().join("grove-serve.log");

@@ -181,7 +181,9 @@ pub async fn run(cli: Cli) -> Result<()> {
                 }
             })?;
         }
-        Command::Pull { model } => bail!("TEMP {model}"),
+        Command::Pull { model } => {
+            crate::cli_pull::pull(client::connect_or_start(addr).await?, &model).await?
+        }
         Command::List => {
             let mut c = client::connect_or_start(addr).await?;
             let models = c

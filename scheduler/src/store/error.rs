@@ -140,14 +140,16 @@ pub enum StoreError {
 
     /// Not enough disk space; nothing half-written was left visible.
     #[error(
-        "{phase}: disk full at {}: need {needed} more bytes, {available} available; partial data was removed \
-         and nothing in the cache is corrupt; free some space (or set HF_HUB_CACHE elsewhere) and pull again",
-        path.display()
+        "{phase}: disk full at {} ({}); partial data was removed and nothing in the cache is corrupt; free \
+         some space (or point HF_HUB_CACHE elsewhere) and pull again",
+        path.display(),
+        space(*needed, *available)
     )]
     DiskFull {
         phase: Phase,
         path: PathBuf,
-        needed: u64,
+        /// Bytes the pull still had to write, when known before it started.
+        needed: Option<u64>,
         available: u64,
     },
 
@@ -188,7 +190,7 @@ impl StoreError {
             return StoreError::DiskFull {
                 phase,
                 path,
-                needed: 0,
+                needed: None,
                 available,
             };
         }
@@ -207,6 +209,13 @@ impl StoreError {
             StoreError::Http { status, .. } => *status >= 500 || *status == 429 || *status == 408,
             _ => false,
         }
+    }
+}
+
+fn space(needed: Option<u64>, available: u64) -> String {
+    match needed {
+        Some(n) => format!("{n} bytes to download, {available} available"),
+        None => format!("the disk filled up while writing; {available} bytes available"),
     }
 }
 

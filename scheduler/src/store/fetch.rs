@@ -9,15 +9,15 @@
 //! resumed download is checked whole, old bytes included.
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc::Sender;
 
-use super::cache::Store;
+use super::cache::{BlobLock, Store};
 use super::error::{Phase, Result, StoreError, is_disk_full};
 use super::hub::{FileMeta, HubClient};
 use super::name::ModelName;
@@ -133,9 +133,9 @@ pub(crate) async fn fetch(ctx: &Ctx, job: &Job) -> Result<Fetched> {
         return Ok(done);
     }
     let mut waited = false;
-    let _lock = loop {
+    let lock = loop {
         if let Some(lock) = ctx.store.try_lock_blob(&ctx.name, etag)? {
-            break lock;
+            break Arc::new(lock);
         }
         if !waited {
             waited = true;
@@ -154,7 +154,7 @@ pub(crate) async fn fetch(ctx: &Ctx, job: &Job) -> Result<Fetched> {
     let mut downloaded = 0;
     let mut attempt = 0;
     loop {
-        match download(ctx, job, &partial, &mut downloaded).await {
+        match download(ctx, job, &partial, &lock, &mut downloaded).await {
             Ok(()) => break,
             Err(e) if e.is_transient() && attempt < ctx.retries => {
                 attempt += 1;
@@ -173,7 +173,13 @@ pub(crate) async fn fetch(ctx: &Ctx, job: &Job) -> Result<Fetched> {
 }
 
 /// Appends the rest of the file to `partial`, from its current length on.
-async fn download(ctx: &Ctx, job: &Job, partial: &Path, downloaded: &mut u64) -> Result<()> {
+async fn download(
+    ctx: &Ctx,
+    job: &Job,
+    partial: &Path,
+    lock: &Arc<BlobLock>,
+    downloaded: &mut u64,
+) -> Result<()> {
     let io = |e: std::io::Error| {
         if is_disk_full(&e) {
             let _ = std::fs::remove_file(partial);
@@ -188,6 +194,13 @@ async fn download(ctx: &Ctx, job: &Job, partial: &Path, downloaded: &mut u64) ->
         have = 0;
     }
     if job.meta.size == Some(have) && have > 0 {
+        // A previous pull wrote it all but stopped before the check.
+        ctx.emit(Progress::FileStart {
+            file: job.file.clone(),
+            size: have,
+            resumed_from: have,
+        })
+        .await;
         return Ok(());
     }
     let what = format!("{}/{}", ctx.name.repo(), job.file);
@@ -216,14 +229,18 @@ async fn download(ctx: &Ctx, job: &Job, partial: &Path, downloaded: &mut u64) ->
         .size
         .or_else(|| resp.content_length().map(|l| l + have))
         .unwrap_or(0);
-    let mut opts = tokio::fs::OpenOptions::new();
+    let mut opts = std::fs::OpenOptions::new();
     opts.create(true).write(true);
     if have == 0 {
         opts.truncate(true);
     } else {
         opts.append(true);
     }
-    let mut out = opts.open(partial).await.map_err(io)?;
+    let mut out = BlobWriter {
+        file: Some(opts.open(partial).map_err(io)?),
+        buf: Vec::new(),
+        lock: lock.clone(),
+    };
     ctx.emit(Progress::FileStart {
         file: job.file.clone(),
         size,
@@ -234,7 +251,7 @@ async fn download(ctx: &Ctx, job: &Job, partial: &Path, downloaded: &mut u64) ->
     let result = loop {
         match resp.chunk().await {
             Ok(Some(bytes)) => {
-                out.write_all(&bytes).await.map_err(io)?;
+                out.write(&bytes).await.map_err(io)?;
                 have += bytes.len() as u64;
                 *downloaded += bytes.len() as u64;
                 if last.elapsed() >= Duration::from_millis(100) {
@@ -255,8 +272,7 @@ async fn download(ctx: &Ctx, job: &Job, partial: &Path, downloaded: &mut u64) ->
             Err(e) => break Err(super::error::chain(&e)),
         }
     };
-    out.flush().await.map_err(io)?;
-    out.sync_data().await.map_err(io)?;
+    out.flush(true).await.map_err(io)?;
     let _ = ctx.tx.try_send(Progress::FileBytes {
         file: job.file.clone(),
         done: have,
@@ -268,6 +284,49 @@ async fn download(ctx: &Ctx, job: &Job, partial: &Path, downloaded: &mut u64) ->
         endpoint: ctx.hub.endpoint().to_string(),
         cause,
     })
+}
+
+/// Buffers a download and writes it from blocking threads. Each write owns
+/// the file and a share of the blob's lock, so when a pull is cancelled (its
+/// future dropped) a write already under way still finishes before the lock
+/// can pass to another pull: two writers never interleave in one file.
+struct BlobWriter {
+    file: Option<std::fs::File>,
+    buf: Vec<u8>,
+    lock: Arc<BlobLock>,
+}
+
+impl BlobWriter {
+    const FLUSH_AT: usize = 64 << 10;
+
+    async fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.buf.extend_from_slice(bytes);
+        if self.buf.len() >= Self::FLUSH_AT {
+            self.flush(false).await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self, sync: bool) -> std::io::Result<()> {
+        use std::io::Write;
+        let mut file = self
+            .file
+            .take()
+            .ok_or_else(|| std::io::Error::other("an earlier write failed"))?;
+        let buf = std::mem::take(&mut self.buf);
+        let lock = self.lock.clone();
+        let (file, r) = tokio::task::spawn_blocking(move || {
+            let _hold = lock;
+            let r = file
+                .write_all(&buf)
+                .and_then(|()| if sync { file.sync_data() } else { Ok(()) });
+            (file, r)
+        })
+        .await
+        .map_err(std::io::Error::other)?;
+        self.file = Some(file);
+        r
+    }
 }
 
 /// `Content-Range: bytes START-END/TOTAL` → START.

@@ -32,6 +32,8 @@ pub struct ProgressBar<W: Write> {
     samples: VecDeque<(Instant, u64)>,
     last_draw: Option<Instant>,
     drawn: bool,
+    /// The totals are known (the bar waits for them).
+    resolved: bool,
 }
 
 impl ProgressBar<std::io::Stderr> {
@@ -58,6 +60,7 @@ impl<W: Write> ProgressBar<W> {
             samples: VecDeque::new(),
             last_draw: None,
             drawn: false,
+            resolved: false,
         }
     }
 
@@ -87,9 +90,10 @@ impl<W: Write> ProgressBar<W> {
                 cached_bytes,
             } => {
                 self.name = name.clone();
+                self.resolved = true;
                 self.total = *total_bytes;
                 self.cached = *cached_bytes;
-                self.samples.push_back((now, 0));
+                self.samples.push_back((now, self.net));
                 let short = commit.get(..12).unwrap_or(commit);
                 let cached = if *cached_bytes > 0 {
                     format!(", {} already here", bytes(*cached_bytes))
@@ -227,6 +231,9 @@ impl<W: Write> ProgressBar<W> {
 
     /// Redraws the bar (terminal) or prints a status line (plain, every few seconds).
     fn tick(&mut self, now: Instant, force: bool) -> std::io::Result<()> {
+        if !self.resolved {
+            return Ok(());
+        }
         let every = if self.tty { REDRAW } else { PLAIN_EVERY };
         if !force && self.last_draw.is_some_and(|t| now - t < every) {
             return Ok(());

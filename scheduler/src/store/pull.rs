@@ -160,12 +160,12 @@ pub async fn pull(
         match store.resolve(name) {
             Ok(path) => {
                 let commit = store.local_commit(name)?.unwrap_or_default();
-                let total = dir_size(&path);
+                let (files, total) = dir_usage(&path);
                 let _ = progress
                     .send(Progress::Resolved {
                         name: name.to_string(),
                         commit: commit.clone(),
-                        files: 0,
+                        files,
                         total_bytes: total,
                         cached_bytes: total,
                     })
@@ -211,6 +211,7 @@ pub async fn pull(
 
     // The index first: it says which shards to fetch.
     let mut jobs = Vec::new();
+    let mut index_downloaded = 0;
     if files.iter().any(|f| f == INDEX) {
         let meta = hub.file_meta(&at_commit, &commit, INDEX).await?;
         check_commit(&hub, &commit, INDEX, meta.commit.as_deref())?;
@@ -218,7 +219,7 @@ pub async fn pull(
             file: INDEX.to_string(),
             meta,
         };
-        fetch(&ctx, &job).await?;
+        index_downloaded = fetch(&ctx, &job).await?.downloaded;
         let blob = store.blob_path(name, &job.meta.etag);
         let shards = index_shards(&blob)
             .ok_or_else(|| not_model(format!("{INDEX} is not a safetensors index")))?;
@@ -257,7 +258,8 @@ pub async fn pull(
     let mut needed = 0;
     for j in &jobs {
         let blob = store.blob_path(name, &j.meta.etag);
-        if blob.exists() {
+        let fresh_index = j.file == INDEX && index_downloaded > 0;
+        if blob.exists() && !fresh_index {
             cached += j.meta.size.unwrap_or(0);
         } else {
             let partial =
@@ -285,6 +287,12 @@ pub async fn pull(
         tasks.spawn(async move {
             let _permit = sem.acquire_owned().await;
             let got = fetch(&ctx, &job).await?;
+            // The index came first; report what that fetch did.
+            let early = if job.file == INDEX {
+                index_downloaded
+            } else {
+                0
+            };
             ctx.store
                 .link(&ctx.name, &commit, &job.file, &job.meta.etag)?;
             let _ = ctx
@@ -292,15 +300,15 @@ pub async fn pull(
                 .send(Progress::FileDone {
                     file: job.file.clone(),
                     size: got.size,
-                    downloaded: got.downloaded,
-                    cached: got.cached,
+                    downloaded: got.downloaded + early,
+                    cached: got.cached && early == 0,
                 })
                 .await;
             Ok::<_, StoreError>(got.downloaded)
         });
     }
     let mut first_err = None;
-    let mut downloaded = 0;
+    let mut downloaded = index_downloaded;
     while let Some(r) = tasks.join_next().await {
         match r.map_err(join_error).and_then(|r| r) {
             Ok(n) => downloaded += n,
@@ -344,7 +352,7 @@ fn check_space(store: &Store, name: &ModelName, needed: u64) -> Result<()> {
         Ok(available) if available < needed => Err(StoreError::DiskFull {
             phase: Phase::Download,
             path: dir,
-            needed,
+            needed: Some(needed),
             available,
         }),
         _ => Ok(()),
@@ -359,16 +367,15 @@ fn join_error(e: tokio::task::JoinError) -> StoreError {
     )
 }
 
-/// Bytes under a snapshot (following its links).
-fn dir_size(dir: &std::path::Path) -> u64 {
+/// Files in a snapshot and their bytes (following its links).
+fn dir_usage(dir: &std::path::Path) -> (usize, u64) {
     std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| std::fs::metadata(e.path()).ok())
         .filter(|m| m.is_file())
-        .map(|m| m.len())
-        .sum()
+        .fold((0, 0), |(n, b), m| (n + 1, b + m.len()))
 }
 
 #[cfg(test)]
