@@ -102,6 +102,10 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streamed text.
     #[arg(long)]
     pub json: bool,
+    /// Generate this many times in one process (benchmarks: the first run pays
+    /// for kernel compilation); each run's report is printed.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
     /// Also write the last prompt position's logits (JSON array of floats) here.
     #[arg(long)]
     pub dump_logits: Option<PathBuf>,
@@ -233,8 +237,24 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
         },
         capture_logits: args.dump_logits.is_some(),
     };
-    let mut stream = (!args.json).then(|| TextStream::new(&tokenizer));
-    let out = generate(&model, &prompt, tokenizer.eos_ids(), &params, |t| {
+    if args.repeat == 0 {
+        return Err(RunnerError::Request("--repeat must be at least 1".into()));
+    }
+    for _ in 0..args.repeat {
+        generate_once(&args, &model, &tokenizer, &prompt, &params)?;
+    }
+    Ok(())
+}
+
+fn generate_once(
+    args: &GenerateArgs,
+    model: &model::Model,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    params: &GenerateParams,
+) -> Result<()> {
+    let mut stream = (!args.json).then(|| TextStream::new(tokenizer));
+    let out = generate(model, prompt, tokenizer.eos_ids(), params, |t| {
         if let Some(s) = stream.as_mut() {
             s.push(t);
         }

@@ -7,7 +7,7 @@
 //!   `~/.cache/huggingface/hub`): resolving a name to a snapshot directory,
 //!   listing, removing ([`Store`]).
 //! - [`hub`]: the hub's HTTP protocol (`HF_ENDPOINT`, `HF_TOKEN`).
-//! - [`pull`]: downloading the files a runner needs, resumable, verified,
+//! - [`pull`](mod@pull): downloading the files a runner needs, resumable, verified,
 //!   with [`Progress`] events; [`fetch`] is one blob's download.
 //! - [`snapshot`]: what a snapshot holds and lacks.
 //! - [`progress`]: the CLI's progress bar over those events.

@@ -1,0 +1,143 @@
+"""Random-weight models of real shapes for GPU benchmarks, written fast.
+
+    python3 make_big_model.py OUT_DIR SHAPE [--q4] [--tokenizer-from DIR]
+
+SHAPE is `llama-8b` (Llama 3 8B) or `qwen3-4b` (Qwen3 4B). Weights are bf16
+(or MLX affine 4-bit, group 64, with bf16 scales and biases, as mlx-community
+checkpoints are) in the HF/MLX layout Grove and mlx-lm load. Only torch (GPU if
+present), numpy and safetensors are needed, so this runs on a GPU host without
+mlx. The numbers are random: the models are for speed, not text.
+"""
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+SHAPES = {
+    "llama-8b": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": False,
+    },
+    "qwen3-4b": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 2560,
+        "num_hidden_layers": 36,
+        "intermediate_size": 9728,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "tie_word_embeddings": True,
+    },
+}
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+GROUP = 64
+RNG = np.random.default_rng(0)
+
+
+def dense(rows: int, cols: int) -> torch.Tensor:
+    """A bf16 matrix with roughly unit-variance outputs."""
+    return (torch.randn(rows, cols, device=DEVICE) * cols**-0.5).to(torch.bfloat16).cpu()
+
+
+def packed(rows: int, cols: int) -> dict:
+    """An MLX 4-bit affine matrix: uint32 words of 8 nibbles, bf16 scales/biases."""
+    words = RNG.integers(0, 2**32, size=(rows, cols // 8), dtype=np.uint32)
+    scale = 2.0 / 15 * cols**-0.5
+    return {
+        "weight": torch.from_numpy(words),
+        "scales": torch.full((rows, cols // GROUP), scale, dtype=torch.bfloat16),
+        "biases": torch.full((rows, cols // GROUP), -7.5 * scale, dtype=torch.bfloat16),
+    }
+
+
+def linear(tensors: dict, name: str, rows: int, cols: int, q4: bool) -> None:
+    """Adds `name.weight` (and scales/biases when 4-bit)."""
+    if q4:
+        for key, value in packed(rows, cols).items():
+            tensors[f"{name}.{key}"] = value
+    else:
+        tensors[f"{name}.weight"] = dense(rows, cols)
+
+
+def layer_tensors(cfg: dict, i: int, q4: bool) -> dict:
+    """One decoder layer's tensors."""
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim", h // heads)
+    p = f"model.layers.{i}"
+    t: dict = {}
+    linear(t, f"{p}.self_attn.q_proj", heads * hd, h, q4)
+    linear(t, f"{p}.self_attn.k_proj", kv * hd, h, q4)
+    linear(t, f"{p}.self_attn.v_proj", kv * hd, h, q4)
+    linear(t, f"{p}.self_attn.o_proj", h, heads * hd, q4)
+    linear(t, f"{p}.mlp.gate_proj", inter, h, q4)
+    linear(t, f"{p}.mlp.up_proj", inter, h, q4)
+    linear(t, f"{p}.mlp.down_proj", h, inter, q4)
+    t[f"{p}.input_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+    t[f"{p}.post_attention_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+    if cfg["model_type"] == "qwen3":
+        t[f"{p}.self_attn.q_norm.weight"] = torch.ones(hd, dtype=torch.bfloat16)
+        t[f"{p}.self_attn.k_norm.weight"] = torch.ones(hd, dtype=torch.bfloat16)
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("shape", choices=sorted(SHAPES))
+    ap.add_argument("--q4", action="store_true")
+    ap.add_argument("--tokenizer-from", type=Path)
+    args = ap.parse_args()
+    cfg = dict(SHAPES[args.shape], torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2)
+    if args.q4:
+        cfg["quantization"] = {"group_size": GROUP, "bits": 4, "mode": "affine"}
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    h, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    weight_map = {}
+    shards = [{}]
+    linear(shards[0], "model.embed_tokens", vocab, h, args.q4)
+    shards[0]["model.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+    if not cfg["tie_word_embeddings"]:
+        linear(shards[0], "lm_head", vocab, h, args.q4)
+    for i in range(cfg["num_hidden_layers"]):
+        if i % 4 == 0:
+            shards.append({})
+        shards[-1].update(layer_tensors(cfg, i, args.q4))
+    n = len(shards)
+    for k, shard in enumerate(shards, 1):
+        name = f"model-{k:05d}-of-{n:05d}.safetensors"
+        save_file(shard, str(args.out / name), metadata={"format": "mlx"})
+        weight_map.update({t: name for t in shard})
+    (args.out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (args.out / "config.json").write_text(json.dumps(cfg, indent=2))
+    if args.tokenizer_from:
+        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            if (args.tokenizer_from / f).exists():
+                shutil.copy(args.tokenizer_from / f, args.out / f)
+    print(f"{args.out}: {args.shape}{' 4-bit' if args.q4 else ' bf16'}, {n} shards")
+
+
+if __name__ == "__main__":
+    main()
