@@ -15,7 +15,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(grove::cli::run(cli)) {
+    let result = runtime.block_on(grove::cli::run(cli));
+    // A blocking read of stdin (interactive chat) must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("Error: {e:#}");

@@ -354,3 +354,107 @@ async fn pull_list_run_rm_through_the_daemon() -> Result<()> {
     ensure!(err.code() == tonic::Code::NotFound, "{err:?}");
     Ok(())
 }
+
+/// Reads the child's stdout until `needle` has appeared `count` times in total.
+async fn read_until(
+    out: &mut tokio::process::ChildStdout,
+    seen: &mut String,
+    needle: &str,
+    count: usize,
+) -> Result<()> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.matches(needle).count() < count {
+        ensure!(
+            Instant::now() < deadline,
+            "no {needle:?} (#{count}) in: {seen}"
+        );
+        let n = tokio::time::timeout(Duration::from_secs(30), out.read(&mut buf)).await??;
+        ensure!(n > 0, "stdout closed; got: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    Ok(())
+}
+
+/// `grove run MODEL` without a prompt: an interactive chat that keeps its
+/// history, takes triple-quoted multi-line input, /clear and /bye, and where
+/// Ctrl-C cancels the answer, not the session.
+#[tokio::test]
+async fn interactive_chat_session() -> Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let (d, mut c) = Daemon::start(&[]).await?;
+    let m = model("qwen3-f32")?;
+    let mut child = tokio::process::Command::new(grove_tests::runner::binary("grove")?)
+        .args(["run", &m, "--verbose"])
+        .env("GROVE_HOST", &d.addr)
+        .env("GROVE_NO_AUTOSTART", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let mut stdin = child.stdin.take().context("stdin")?;
+    let mut out = child.stdout.take().context("stdout")?;
+    let mut seen = String::new();
+    read_until(&mut out, &mut seen, ">>> ", 1).await?;
+
+    // A long answer (this fixture answers "hello" past 2000 tokens in chat
+    // mode), interrupted with Ctrl-C: the session goes on.
+    stdin.write_all(b"hello\n").await?;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let pid = child.id().context("pid")?;
+    // SAFETY: SIGINT to our own child.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGINT);
+    }
+    read_until(&mut out, &mut seen, ">>> ", 2).await?;
+    wait_until(
+        "runner idle after Ctrl-C",
+        Duration::from_secs(3),
+        async || {
+            Ok(ps(&mut c)
+                .await?
+                .first()
+                .is_some_and(|r| r.active_requests == 0))
+        },
+    )
+    .await?;
+
+    // Two turns, the second multi-line: the history is sent again each turn.
+    stdin.write_all(b"hello there\n").await?;
+    read_until(&mut out, &mut seen, ">>> ", 3).await?;
+    stdin
+        .write_all(b"\"\"\"first line\nsecond line\"\"\"\n")
+        .await?;
+    read_until(&mut out, &mut seen, ">>> ", 4).await?;
+    stdin.write_all(b"/clear\n").await?;
+    read_until(&mut out, &mut seen, "Cleared session context", 1).await?;
+    stdin.write_all(b"/bye\n").await?;
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait()).await??;
+    ensure!(status.success(), "grove run exited with {status}: {seen}");
+
+    // --verbose wrote the metrics of each answer: the second answered turn's
+    // prompt holds the first turn, most of it from the prompt cache.
+    let mut err = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut child.stderr.take().context("stderr")?, &mut err)
+        .await?;
+    let counts: Vec<(u32, u32)> = err
+        .lines()
+        .filter_map(|l| l.strip_prefix("prompt eval count:"))
+        .filter_map(|l| {
+            let mut nums = l
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|s| !s.is_empty());
+            Some((nums.next()?.parse().ok()?, nums.next()?.parse().ok()?))
+        })
+        .collect();
+    ensure!(
+        counts.len() == 2,
+        "expected metrics of 2 answers (the cancelled one has none): {err}"
+    );
+    ensure!(
+        counts[1].0 > counts[0].0 && counts[1].1 >= counts[0].0,
+        "history not kept: {counts:?}"
+    );
+    Ok(())
+}

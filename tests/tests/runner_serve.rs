@@ -513,3 +513,35 @@ async fn bad_chats_are_rejected() -> Result<()> {
     ensure!(ok.metrics().prompt_tokens > 2);
     Ok(())
 }
+
+/// A client that opens a stream and never reads it does not wedge the runner:
+/// Health answers at once meanwhile, and when that client goes away the
+/// request queued behind it is served.
+#[tokio::test]
+async fn a_client_that_never_reads_does_not_deadlock() -> Result<()> {
+    let (_served, mut client) = Served::start(&fixtures::model_dir("qwen3-f32")?, &[]).await?;
+    // Until the context is full: thousands of pieces, more than the buffers hold.
+    let silent = client
+        .generate(tokens_request(&LONG_RUNNING, 0))
+        .await?
+        .into_inner();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let start = Instant::now();
+    client.health(pb::HealthRequest {}).await?;
+    ensure!(
+        start.elapsed() < Duration::from_millis(500),
+        "Health took {:?}",
+        start.elapsed()
+    );
+
+    let mut other = client.clone();
+    let queued =
+        tokio::spawn(async move { complete(&mut other, tokens_request(&[1, 2, 3], 4)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(silent);
+    let done = tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .context("the queued request never ran after the silent client left")???;
+    ensure!(done.metrics().eval_tokens == 4);
+    Ok(())
+}
