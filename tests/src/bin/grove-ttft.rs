@@ -53,6 +53,26 @@ async fn main() -> Result<()> {
     let (warm, warm_eval, cached) = first_token(&mut client, &follow_up).await?;
     first_token(&mut client, &other).await?; // replace the entry: next is cold
     let (cold, cold_eval, cold_cached) = first_token(&mut client, &follow_up).await?;
+    let status = client.status(pb::StatusRequest {}).await?.into_inner();
+    let (mem, facts) = (
+        status.memory.unwrap_or_default(),
+        status.model.unwrap_or_default(),
+    );
+    println!(
+        "memory: {} B total ({:?}), weights {} B, KV capacity {} tokens, context {} (model max {}), \
+         KV held {} B for {} tokens, MLX active {} B, cache {} B, peak {} B",
+        mem.memory_total_bytes,
+        pb::MemorySource::try_from(mem.memory_source).unwrap_or_default(),
+        mem.weight_bytes,
+        mem.kv_capacity_tokens,
+        facts.context_length,
+        facts.max_position_embeddings,
+        mem.kv_bytes,
+        mem.cached_tokens,
+        mem.mlx_active_bytes,
+        mem.mlx_cache_bytes,
+        mem.mlx_peak_bytes
+    );
     println!(
         "prompt {} tokens: cold TTFT {:.1} ms (prefill {:.1} ms, {} cached) | follow-up TTFT {:.1} ms \
          (prefill {:.1} ms, {} cached) | ratio {:.1}%",
