@@ -4,10 +4,13 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
-/// The eight fixture models: four families, float32 and 4-bit.
-pub const MODELS: [&str; 8] = [
+/// The fixture models: four families in float32 and 4-bit, plus two bfloat16
+/// variants (qwen3 weights; llama 4-bit with bfloat16 scales).
+pub const MODELS: [&str; 10] = [
     "llama-f32",
     "llama-q4",
+    "llama-q4-bf16",
+    "qwen3-bf16",
     "mistral-f32",
     "mistral-q4",
     "qwen2-f32",

@@ -1,5 +1,6 @@
 //! The runner against mlx-lm: on every fixture model (llama, mistral, qwen2,
-//! qwen3; float32 and 4-bit), greedy decoding must give mlx-lm's tokens exactly,
+//! qwen3; float32 and 4-bit; bfloat16 qwen3 and bfloat16-scaled 4-bit llama),
+//! greedy decoding must give mlx-lm's tokens exactly,
 //! and the last prompt position's logits must agree within LOGIT_TOLERANCE.
 use anyhow::{Result, ensure};
 use grove_tests::fixtures::{self, Case};
@@ -126,6 +127,16 @@ fn qwen3_f32_matches_mlx_lm() -> Result<()> {
 #[test]
 fn qwen3_q4_matches_mlx_lm() -> Result<()> {
     check_model("qwen3-q4")
+}
+
+#[test]
+fn qwen3_bf16_matches_mlx_lm() -> Result<()> {
+    check_model("qwen3-bf16")
+}
+
+#[test]
+fn llama_q4_with_bf16_scales_matches_mlx_lm() -> Result<()> {
+    check_model("llama-q4-bf16")
 }
 
 /// Text prompts are tokenized as mlx-lm does (BOS rule included), so the text
