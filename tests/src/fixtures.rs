@@ -66,6 +66,18 @@ pub struct Case {
     pub finish_reason: String,
     /// Last prompt position's logits.
     pub logits: Vec<f32>,
+    /// mlx-lm's streamed text of `tokens`.
+    pub text: String,
+    /// For the chat case: the conversation mlx-lm rendered with the template.
+    #[serde(default)]
+    pub messages: Vec<ChatMessage>,
+}
+
+/// One message of a reference conversation.
+#[derive(Debug, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
 }
 
 /// Reads `reference.json` of a fixture model.

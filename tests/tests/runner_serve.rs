@@ -545,3 +545,48 @@ async fn a_client_that_never_reads_does_not_deadlock() -> Result<()> {
     ensure!(done.metrics().eval_tokens == 4);
     Ok(())
 }
+
+/// A conversation sent as chat messages gives exactly mlx-lm's prompt (its
+/// template rendering and tokenization) and exactly mlx-lm's streamed text.
+#[tokio::test]
+async fn chat_matches_mlx_lm_end_to_end() -> Result<()> {
+    for model in fixtures::MODELS {
+        let reference = fixtures::reference(model)?;
+        let case = reference
+            .cases
+            .iter()
+            .find(|c| c.name == "chat")
+            .context("no chat case")?;
+        let (_served, mut client) = Served::start(&fixtures::model_dir(model)?, &[]).await?;
+        let messages = case
+            .messages
+            .iter()
+            .map(|m| {
+                let role = match m.role.as_str() {
+                    "system" => pb::Role::System,
+                    "assistant" => pb::Role::Assistant,
+                    _ => pb::Role::User,
+                };
+                message(role, &m.content)
+            })
+            .collect();
+        let done = complete(
+            &mut client,
+            chat_request(messages, &[], case.max_tokens as u32),
+        )
+        .await?;
+        ensure!(
+            done.metrics().prompt_tokens as usize == case.prompt_tokens.len(),
+            "{model}: the chat renders to {} tokens, mlx-lm's to {}",
+            done.metrics().prompt_tokens,
+            case.prompt_tokens.len()
+        );
+        ensure!(
+            done.text == case.text,
+            "{model}: text differs from mlx-lm's\n grove:  {:?}\n mlx-lm: {:?}",
+            done.text,
+            case.text
+        );
+    }
+    Ok(())
+}
