@@ -30,6 +30,9 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Serve the model over gRPC on a Unix socket (grove.runner.v1.Runner).
     Serve(ServeArgs),
+    /// Print the memory budgets are sized against, as JSON:
+    /// {"memory_total_bytes": N, "source": "device" | "physical_ram"}.
+    Device,
 }
 
 /// Arguments of `grove-runner serve`.
@@ -128,6 +131,18 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Generate(args) => run_generate(args),
         Command::Serve(args) => run_serve(args),
+        Command::Device => {
+            let (total, source) = crate::memory::budget_memory();
+            let source = match source {
+                crate::memory::MemorySource::Device => "device",
+                crate::memory::MemorySource::PhysicalRam => "physical_ram",
+            };
+            println!(
+                "{}",
+                serde_json::json!({"memory_total_bytes": total, "source": source})
+            );
+            Ok(())
+        }
     }
 }
 

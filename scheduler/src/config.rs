@@ -103,12 +103,13 @@ impl DaemonConfig {
                 }
             },
         };
+        let runner_bin = runner_binary()?;
         let memory_budget = match env("GROVE_MEMORY") {
             Some(v) => v
                 .trim()
                 .parse()
                 .map_err(|_| invalid("GROVE_MEMORY", &v, "not a number of bytes"))?,
-            None => physical_memory() / 4 * 3,
+            None => budget_memory(&runner_bin) / 4 * 3,
         };
         let context_length = match env("GROVE_CONTEXT_LENGTH") {
             None => None,
@@ -127,7 +128,7 @@ impl DaemonConfig {
             context_length,
             load_timeout,
             memory_budget,
-            runner_bin: runner_binary()?,
+            runner_bin,
         })
     }
 }
@@ -148,6 +149,25 @@ fn runner_binary() -> Result<PathBuf, ConfigError> {
             exe.display()
         )))
     }
+}
+
+/// The memory models are loaded into: the GPU's on GPU hosts (asked of MLX
+/// through `grove-runner device`, since the daemon does not link MLX), else
+/// physical RAM.
+fn budget_memory(runner: &std::path::Path) -> u64 {
+    let reported = std::process::Command::new(runner)
+        .arg("device")
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+        .and_then(|v| {
+            v.get("memory_total_bytes")
+                .and_then(serde_json::Value::as_u64)
+        })
+        .filter(|&n| n > 0);
+    reported.unwrap_or_else(physical_memory)
 }
 
 fn physical_memory() -> u64 {

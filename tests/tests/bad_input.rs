@@ -233,3 +233,25 @@ fn sampling_is_seeded() -> Result<()> {
     );
     Ok(())
 }
+
+/// `grove-runner device` reports the memory budgets are sized against (the
+/// daemon asks it, since only the runner links MLX).
+#[test]
+fn device_reports_memory() -> Result<()> {
+    let out = run(&["device"])?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    let total = v["memory_total_bytes"]
+        .as_u64()
+        .context("no memory_total_bytes")?;
+    ensure!(total > 1 << 30, "{total} bytes");
+    ensure!(
+        matches!(v["source"].as_str(), Some("device" | "physical_ram")),
+        "{v}"
+    );
+    Ok(())
+}
