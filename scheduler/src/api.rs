@@ -21,6 +21,9 @@ use crate::store::Store;
 pub struct Api {
     pub sched: Scheduler,
     pub store: Store,
+    /// Turns true when the daemon starts shutting down: every relay then ends
+    /// its stream with UNAVAILABLE at once.
+    pub closing: tokio::sync::watch::Receiver<bool>,
 }
 
 type GenStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send>>;
@@ -189,10 +192,18 @@ impl Api {
             Err(status) => return Err(runner_failure(status, &lease, &model.name).await),
         };
         let (tx, rx) = mpsc::channel(16);
+        let mut closing = self.closing.clone();
         tokio::spawn(async move {
             let lease = lease; // released when the relay ends
             loop {
-                let item = match stream.message().await {
+                let next = tokio::select! {
+                    m = stream.message() => m,
+                    _ = async { closing.wait_for(|c| *c).await.map(|_| ()) } => {
+                        let _ = tx.send(Err(Status::unavailable("the daemon is shutting down"))).await;
+                        return;
+                    }
+                };
+                let item = match next {
                     Ok(Some(msg)) => match msg.event {
                         Some(rpb::generate_response::Event::Text(t)) => Ok(pb::GenerateResponse {
                             event: Some(pb::generate_response::Event::Text(t)),

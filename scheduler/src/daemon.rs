@@ -70,9 +70,11 @@ pub async fn run(
         .build_v1()
         .map_err(|e| DaemonError::Reflection(e.to_string()))?;
     let store = Store::from_env().map_err(|e| DaemonError::Store(e.to_string()))?;
+    let (closing_tx, closing) = tokio::sync::watch::channel(false);
     let api = Api {
         sched: sched.clone(),
         store,
+        closing,
     };
     eprintln!(
         "grove: listening on {} (budget {} MiB, up to {} models, keep_alive {:?})",
@@ -87,7 +89,8 @@ pub async fn run(
         async move {
             shutdown.await;
             eprintln!("grove: shutting down: stopping runners");
-            // Stopping the runners ends every in-flight stream with a status.
+            // In-flight streams end with a status now, then the runners stop.
+            let _ = closing_tx.send(true);
             sched.shutdown().await;
             let _ = fired_tx.send(true);
         }
