@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value as Json, json};
 
+use super::python::py_float;
 use super::*;
 use crate::tokenizer::Tokenizer;
 
