@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
 use crate::chat_template::{ChatRequest, Message, Role};
+use crate::detokenize::Detokenizer;
 use crate::engine::EngineConfig;
 use crate::error::{Result, RunnerError};
 use crate::generate::{GenerateOutput, GenerateParams, generate};
@@ -317,44 +318,34 @@ fn print_speeds(out: &GenerateOutput) {
     );
 }
 
-/// Prints text as tokens arrive, holding back an incomplete UTF-8 sequence.
-struct TextStream<'a> {
-    tokenizer: &'a Tokenizer,
-    tokens: Vec<u32>,
-    printed: usize,
+/// Prints text as tokens arrive, through the streaming detokenizer (whole
+/// characters only, mlx-lm's spacing rules).
+struct TextStream {
+    detokenizer: Detokenizer,
 }
 
-impl<'a> TextStream<'a> {
-    fn new(tokenizer: &'a Tokenizer) -> Self {
+impl TextStream {
+    fn new(tokenizer: &Tokenizer) -> Self {
         Self {
-            tokenizer,
-            tokens: Vec::new(),
-            printed: 0,
+            detokenizer: Detokenizer::new(tokenizer),
         }
     }
 
     fn push(&mut self, token: u32) {
-        self.tokens.push(token);
-        self.flush(false);
+        let piece = self.detokenizer.push(token);
+        Self::print(piece);
     }
 
     fn finish(&mut self) {
-        self.flush(true);
+        let piece = self.detokenizer.finish();
+        Self::print(piece);
     }
 
-    fn flush(&mut self, last: bool) {
-        let Ok(text) = self.tokenizer.decode(&self.tokens) else {
-            return;
-        };
-        if (!last && text.ends_with('\u{FFFD}'))
-            || text.len() < self.printed
-            || !text.is_char_boundary(self.printed)
-        {
-            return;
+    fn print(piece: Option<String>) {
+        if let Some(piece) = piece {
+            let mut stdout = std::io::stdout().lock();
+            let _ = stdout.write_all(piece.as_bytes());
+            let _ = stdout.flush();
         }
-        let mut stdout = std::io::stdout().lock();
-        let _ = stdout.write_all(&text.as_bytes()[self.printed..]);
-        let _ = stdout.flush();
-        self.printed = text.len();
     }
 }

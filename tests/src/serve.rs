@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use grove_proto::runner::v1 as pb;
 use grove_proto::runner::v1::runner_client::RunnerClient;
-use hyper_util::rt::TokioIo;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 use crate::runner::binary;
 
@@ -90,20 +89,9 @@ impl Drop for Served {
     }
 }
 
-/// A gRPC client over the Unix socket at `path`.
+/// A gRPC client over the Unix socket at `path` (the daemon's own connector).
 pub async fn connect(path: &Path) -> Result<RunnerClient<Channel>> {
-    let path = path.to_path_buf();
-    let channel = Endpoint::try_from("http://runner.invalid")?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                tokio::net::UnixStream::connect(path)
-                    .await
-                    .map(TokioIo::new)
-            }
-        }))
-        .await?;
-    Ok(RunnerClient::new(channel))
+    Ok(grove::runner_proc::connect(path).await?)
 }
 
 /// The text and the final message of one Generate stream.

@@ -186,6 +186,24 @@ async fn context_limits() -> Result<()> {
     Ok(())
 }
 
+/// Each request must be refused with INVALID_ARGUMENT.
+async fn expect_invalid(
+    client: &mut grove_proto::runner::v1::runner_client::RunnerClient<tonic::transport::Channel>,
+    cases: Vec<(&str, pb::GenerateRequest)>,
+) -> Result<()> {
+    for (what, req) in cases {
+        let err = complete(client, req)
+            .await
+            .err()
+            .with_context(|| format!("{what} was accepted"))?;
+        ensure!(
+            err.code() == tonic::Code::InvalidArgument,
+            "{what}: {err:?}"
+        );
+    }
+    Ok(())
+}
+
 /// Bad options and prompts are INVALID_ARGUMENT before any stream starts.
 #[tokio::test]
 async fn bad_requests_are_rejected() -> Result<()> {
@@ -225,16 +243,7 @@ async fn bad_requests_are_rejected() -> Result<()> {
         ),
         ("no input", pb::GenerateRequest::default()),
     ];
-    for (what, req) in cases {
-        let err = complete(&mut client, req)
-            .await
-            .err()
-            .with_context(|| format!("{what} was accepted"))?;
-        ensure!(
-            err.code() == tonic::Code::InvalidArgument,
-            "{what}: {err:?}"
-        );
-    }
+    expect_invalid(&mut client, cases).await?;
     // The runner is still fine, and sampling options are honoured: top_k = 1
     // at temperature 1 leaves only the argmax, so it equals greedy decoding.
     let greedy = complete(&mut client, tokens_request(&[1, 2, 3], 12)).await?;
@@ -495,16 +504,7 @@ async fn bad_chats_are_rejected() -> Result<()> {
             chat_request(vec![message(pb::Role::User, "hi")], &["{oops"], 2),
         ),
     ];
-    for (what, req) in cases {
-        let err = complete(&mut client, req)
-            .await
-            .err()
-            .with_context(|| format!("{what} was accepted"))?;
-        ensure!(
-            err.code() == tonic::Code::InvalidArgument,
-            "{what}: {err:?}"
-        );
-    }
+    expect_invalid(&mut client, cases).await?;
     let ok = complete(
         &mut client,
         chat_request(vec![message(pb::Role::User, "hi")], &[], 2),
