@@ -11,7 +11,7 @@ use crate::detokenize::Detokenizer;
 use crate::engine::EngineConfig;
 use crate::error::{Result, RunnerError};
 use crate::generate::{GenerateOutput, GenerateParams, generate};
-use crate::model;
+use crate::model::{self, CpuDtypes};
 use crate::sample::SamplingOptions;
 use crate::server::{self, ServeConfig};
 use crate::tokenizer::Tokenizer;
@@ -31,17 +31,36 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Serve the model over gRPC on a Unix socket (grove.runner.v1.Runner).
     Serve(ServeArgs),
+    /// Convert a GGUF file into an MLX model directory (config.json,
+    /// model.safetensors, tokenizer files) that Grove and mlx-lm load.
+    Import(ImportArgs),
     /// Print the memory budgets are sized against, as JSON:
     /// {"memory_total_bytes": N, "source": "device" | "physical_ram"}.
     Device,
 }
 
+/// Arguments of `grove-runner import`.
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The GGUF file.
+    pub gguf: PathBuf,
+    /// The directory to write (must not exist, or be empty).
+    pub out: PathBuf,
+    /// Print one JSON object describing the import.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// Arguments of `grove-runner serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Model directory (config.json, *.safetensors, tokenizer.json).
+    /// Model directory (config.json, *.safetensors, tokenizer.json) or GGUF file.
     #[arg(long)]
     pub model: PathBuf,
+    /// On the MLX CPU backend: promote float16/bfloat16 arrays to float32
+    /// (fast there), or keep them as stored.
+    #[arg(long, env = "GROVE_CPU_DTYPES", value_enum, default_value_t)]
+    pub cpu_dtypes: CpuDtypes,
     /// Unix socket to listen on.
     #[arg(long)]
     pub socket: PathBuf,
@@ -66,9 +85,13 @@ pub struct ServeArgs {
 /// Arguments of `grove-runner generate`.
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
-    /// Model directory (config.json, *.safetensors, tokenizer.json).
+    /// Model directory (config.json, *.safetensors, tokenizer.json) or GGUF file.
     #[arg(long)]
     pub model: PathBuf,
+    /// On the MLX CPU backend: promote float16/bfloat16 arrays to float32
+    /// (fast there), or keep them as stored.
+    #[arg(long, env = "GROVE_CPU_DTYPES", value_enum, default_value_t)]
+    pub cpu_dtypes: CpuDtypes,
     /// Prompt text (tokenized with the model's tokenizer; BOS added as mlx-lm does).
     #[arg(
         long,
@@ -132,6 +155,26 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Generate(args) => run_generate(args),
         Command::Serve(args) => run_serve(args),
+        Command::Import(args) => {
+            let report = crate::import::import(&args.gguf, &args.out)?;
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&report)
+                        .map_err(|e| RunnerError::Request(e.to_string()))?
+                );
+            } else {
+                println!(
+                    "imported {} into {} ({} tensors, {} bytes) in {:.1}s",
+                    args.gguf.display(),
+                    args.out.display(),
+                    report.tensors,
+                    report.bytes,
+                    report.seconds
+                );
+            }
+            Ok(())
+        }
         Command::Device => {
             let (total, source) = crate::memory::budget_memory();
             let source = match source {
@@ -164,6 +207,7 @@ fn run_serve(args: ServeArgs) -> Result<()> {
             context_length: args.context_length,
             prefill_chunk: args.prefill_chunk,
             queue: args.queue,
+            cpu_dtypes: args.cpu_dtypes,
         },
         socket: args.socket,
     };
@@ -228,8 +272,8 @@ async fn shutdown_signal() {
 }
 
 fn run_generate(args: GenerateArgs) -> Result<()> {
-    let model = model::load(&args.model)?;
-    let tokenizer = Tokenizer::load(&args.model, &model.raw_config)?;
+    let opened = crate::source::open(&args.model, args.cpu_dtypes)?;
+    let (model, tokenizer) = (opened.model, opened.tokenizer);
     let prompt = match (&args.prompt, &args.prompt_tokens) {
         (Some(text), _) => tokenizer.encode_prompt(text)?,
         (None, Some(ids)) => ids.clone(),

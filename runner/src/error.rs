@@ -18,6 +18,9 @@ pub enum RunnerError {
     /// The safetensors files are missing, malformed or do not fit the config.
     #[error("weights: {0}")]
     Weights(String),
+    /// A GGUF file is malformed or describes something Grove cannot run.
+    #[error("GGUF {0}")]
+    Gguf(#[from] grove_gguf::GgufError),
     /// The tokenizer files are missing or malformed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

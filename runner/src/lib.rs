@@ -5,8 +5,12 @@
 //! - [`server`]: the `grove.runner.v1` gRPC service on a Unix socket.
 //! - [`engine`]: the one thread that owns MLX, the model and the prompt cache.
 //! - [`memory`]: KV capacity and MLX limits from measured memory.
-//! - [`model`]: config parsing, safetensors loading, layers and one file per
-//!   architecture (llama, mistral, qwen2, qwen3).
+//! - [`source`]: a model path, a directory or a GGUF file, opened into the
+//!   model, its tokenizer and its chat templates.
+//! - [`model`]: config parsing, safetensors loading, GGUF conversion, the
+//!   per-backend dtype policy, layers and one file per architecture (llama,
+//!   mistral, qwen2, qwen3).
+//! - [`import`]: a GGUF file written out as an MLX model directory.
 //! - [`cache`]: per-layer KV buffers grown in 256-token steps.
 //! - [`generate`]: chunked prefill and the pipelined decode loop.
 //! - [`detokenize`]: streaming token ids to text pieces, as mlx-lm's
@@ -25,10 +29,12 @@ pub mod detokenize;
 pub mod engine;
 pub mod error;
 pub mod generate;
+pub mod import;
 pub mod memory;
 pub mod model;
 pub mod sample;
 pub mod server;
+pub mod source;
 pub mod stop;
 pub mod tokenizer;
 

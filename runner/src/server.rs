@@ -137,6 +137,14 @@ fn health(s: &Snapshot) -> pb::HealthResponse {
     }
 }
 
+fn dtype(d: mlx_rs::Dtype) -> pb::DType {
+    match d {
+        mlx_rs::Dtype::Float16 => pb::DType::Float16,
+        mlx_rs::Dtype::Bfloat16 => pb::DType::Bfloat16,
+        _ => pb::DType::Float32,
+    }
+}
+
 fn status(s: &Snapshot) -> pb::StatusResponse {
     let model = s.facts.as_ref().map(|f| pb::ModelFacts {
         architecture: match f.architecture {
@@ -145,11 +153,7 @@ fn status(s: &Snapshot) -> pb::StatusResponse {
             Architecture::Qwen2 => pb::Architecture::Qwen2,
             Architecture::Qwen3 => pb::Architecture::Qwen3,
         } as i32,
-        dtype: match f.dtype {
-            mlx_rs::Dtype::Float16 => pb::DType::Float16,
-            mlx_rs::Dtype::Bfloat16 => pb::DType::Bfloat16,
-            _ => pb::DType::Float32,
-        } as i32,
+        dtype: dtype(f.dtype) as i32,
         quantization: f.quantization.map(|q| pb::Quantization {
             bits: q.bits as u32,
             group_size: q.group_size as u32,
@@ -159,6 +163,9 @@ fn status(s: &Snapshot) -> pb::StatusResponse {
         max_position_embeddings: f.max_position_embeddings.unwrap_or(0),
         vocab_size: f.vocab_size as u32,
         num_layers: f.num_layers as u32,
+        stored_dtype: dtype(f.dtypes.stored) as i32,
+        promoted_to_float32: f.dtypes.promoted,
+        gguf: f.gguf,
     });
     let m = &s.memory;
     let memory = pb::MemoryReport {

@@ -66,7 +66,17 @@ impl Tokenizer {
             .map_err(|e| RunnerError::Tokenizer(format!("{}: {e}", path.display())))?;
         let tok_config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
         let gen_config = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
+        Ok(Self::from_parts(inner, &tok_config, &gen_config, config))
+    }
 
+    /// A tokenizer already built, with the contents of tokenizer_config.json,
+    /// generation_config.json and config.json (Null where absent).
+    pub fn from_parts(
+        inner: tokenizers::Tokenizer,
+        tok_config: &Value,
+        gen_config: &Value,
+        config: &Value,
+    ) -> Self {
         let mut eos: BTreeSet<u32> = token_ids(gen_config.get("eos_token_id"))
             .or_else(|| token_ids(config.get("eos_token_id")))
             .unwrap_or_default()
@@ -77,11 +87,11 @@ impl Tokenizer {
         {
             eos.insert(id);
         }
-        Ok(Self {
-            inner,
+        Self {
             bos: token_text(tok_config.get("bos_token")),
+            inner,
             eos_ids: eos.into_iter().collect(),
-        })
+        }
     }
 
     /// Tokenizes a text prompt as mlx-lm does: with the tokenizer's special

@@ -244,14 +244,27 @@ fn put(sources: &mut Vec<Source>, source: Source) {
     }
 }
 
-/// The model's templates, from the files or else from `tokenizer_config.json`.
-fn template_sources(dir: &Path, config: &Json) -> Result<Vec<Source>> {
+/// The model's templates, from the files in `dir` (if any) or else from
+/// `tokenizer_config.json` (`config`, read from `origin`).
+fn template_sources(dir: Option<&Path>, config: &Json, origin: &Path) -> Result<Vec<Source>> {
     let mut sources = Vec::new();
+    if let Some(dir) = dir {
+        file_sources(dir, &mut sources)?;
+    }
+    if !sources.is_empty() {
+        return Ok(sources);
+    }
+    config_sources(config, origin, &mut sources)?;
+    Ok(sources)
+}
+
+/// `chat_template.jinja` and `additional_chat_templates/*.jinja`.
+fn file_sources(dir: &Path, sources: &mut Vec<Source>) -> Result<()> {
     let file = dir.join("chat_template.jinja");
     if file.is_file() {
         let text = read_text(&file)?;
         put(
-            &mut sources,
+            sources,
             Source {
                 name: "default".into(),
                 text,
@@ -276,7 +289,7 @@ fn template_sources(dir: &Path, config: &Json) -> Result<Vec<Source>> {
             };
             let text = read_text(&path)?;
             put(
-                &mut sources,
+                sources,
                 Source {
                     name,
                     text,
@@ -285,20 +298,21 @@ fn template_sources(dir: &Path, config: &Json) -> Result<Vec<Source>> {
             );
         }
     }
-    if !sources.is_empty() {
-        return Ok(sources);
-    }
-    let origin = dir.join("tokenizer_config.json");
+    Ok(())
+}
+
+/// `chat_template` of tokenizer_config.json: a string or a named list.
+fn config_sources(config: &Json, origin: &Path, sources: &mut Vec<Source>) -> Result<()> {
     let bad =
         |what: &str| RunnerError::Tokenizer(format!("{}: chat_template {what}", origin.display()));
     match config.get("chat_template") {
         None | Some(Json::Null) => {}
         Some(Json::String(text)) => put(
-            &mut sources,
+            sources,
             Source {
                 name: "default".into(),
                 text: text.clone(),
-                origin: origin.clone(),
+                origin: origin.to_owned(),
             },
         ),
         Some(Json::Array(items)) => {
@@ -312,11 +326,11 @@ fn template_sources(dir: &Path, config: &Json) -> Result<Vec<Source>> {
                     ));
                 };
                 put(
-                    &mut sources,
+                    sources,
                     Source {
                         name: name.into(),
                         text: text.into(),
-                        origin: origin.clone(),
+                        origin: origin.to_owned(),
                     },
                 );
             }
@@ -327,7 +341,7 @@ fn template_sources(dir: &Path, config: &Json) -> Result<Vec<Source>> {
             ));
         }
     }
-    Ok(sources)
+    Ok(())
 }
 
 /// A token written as a string or as an AddedToken object (`{"content": ...}`).
@@ -345,9 +359,10 @@ fn token_text(v: &Json) -> Option<String> {
 /// `model_specific_special_tokens`). `special_tokens_map.json` only counts when
 /// `tokenizer_config.json` has no `added_tokens_decoder` (its legacy path), and
 /// then overrides.
-fn special_tokens(dir: &Path, config: &Json) -> Result<BTreeMap<String, String>> {
+fn special_tokens(dir: Option<&Path>, config: &Json) -> Result<BTreeMap<String, String>> {
     let mut cfg = config.as_object().cloned().unwrap_or_default();
     if !cfg.contains_key("added_tokens_decoder")
+        && let Some(dir) = dir
         && let Json::Object(map) = read_json(&dir.join("special_tokens_map.json"))?
     {
         cfg.extend(map);
@@ -391,12 +406,32 @@ impl ChatTemplate {
     /// `name` pins a named template (e.g. `"tool_use"`); an unknown name is an error.
     /// Templates that may render are parsed now, so a malformed one fails here.
     pub fn load(dir: &Path, name: Option<&str>) -> Result<Option<Self>> {
-        let config = read_json(&dir.join("tokenizer_config.json"))?;
-        let sources = template_sources(dir, &config)?;
+        let origin = dir.join("tokenizer_config.json");
+        let config = read_json(&origin)?;
+        Self::load_from(Some(dir), &config, &origin, name)
+    }
+
+    /// The chat template(s) of a tokenizer_config.json held in memory (a
+    /// converted GGUF file's); `origin` names it in errors.
+    pub fn from_tokenizer_config(
+        config: &Json,
+        origin: &Path,
+        name: Option<&str>,
+    ) -> Result<Option<Self>> {
+        Self::load_from(None, config, origin, name)
+    }
+
+    fn load_from(
+        dir: Option<&Path>,
+        config: &Json,
+        origin: &Path,
+        name: Option<&str>,
+    ) -> Result<Option<Self>> {
+        let sources = template_sources(dir, config, origin)?;
         if sources.is_empty() {
             return Ok(None);
         }
-        let tokens = special_tokens(dir, &config)?;
+        let tokens = special_tokens(dir, config)?;
         Self::from_sources(sources, tokens, name).map(Some)
     }
 

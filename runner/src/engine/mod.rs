@@ -17,7 +17,7 @@ use crate::chat_template::{ChatRequest, ChatTemplate, Message, Role};
 use crate::error::{Result, RunnerError};
 use crate::generate::{FinishReason, Flow, GenerateParams, Limits, generate_cached};
 use crate::memory::{Budget, budget_memory};
-use crate::model::{self, Architecture, Model, QuantParams};
+use crate::model::{Architecture, Model, QuantParams};
 use crate::tokenizer::Tokenizer;
 use prompt_cache::PromptCache;
 
@@ -31,6 +31,8 @@ pub struct EngineConfig {
     pub prefill_chunk: usize,
     /// Requests that may wait for the engine.
     pub queue: usize,
+    /// Dtypes on the CPU backend.
+    pub cpu_dtypes: crate::model::CpuDtypes,
 }
 
 /// Where loading stands.
@@ -61,6 +63,10 @@ pub struct Facts {
     pub max_position_embeddings: Option<u32>,
     pub vocab_size: usize,
     pub num_layers: usize,
+    /// The stored dtypes and what loading did to them.
+    pub dtypes: crate::model::DtypeReport,
+    /// Whether the model came from a GGUF file.
+    pub gguf: bool,
 }
 
 /// Memory figures, refreshed after every request.
@@ -271,6 +277,8 @@ fn send(events: &mpsc::Sender<Event>, mut event: Event) -> bool {
 struct Loaded {
     model: Model,
     tokenizer: Tokenizer,
+    /// Where the chat templates come from.
+    template_source: crate::source::Templates,
     /// Chat templates by name (None = the default), loaded when first asked for.
     templates: HashMap<Option<String>, Arc<ChatTemplate>>,
     cache: PromptCache,
@@ -337,8 +345,8 @@ impl Worker {
     }
 
     fn load(&self) -> Result<Loaded> {
-        let model = model::load(&self.config.model_dir)?;
-        let tokenizer = Tokenizer::load(&self.config.model_dir, &model.raw_config)?;
+        let opened = crate::source::open(&self.config.model_dir, self.config.cpu_dtypes)?;
+        let (model, tokenizer) = (opened.model, opened.tokenizer);
         let budget = Budget::new(&model, budget_memory(), self.config.prefill_chunk as u64);
         budget.apply().map_err(|e| RunnerError::Mlx {
             phase: "setting memory limits",
@@ -366,11 +374,14 @@ impl Worker {
             max_position_embeddings: model.max_position_embeddings,
             vocab_size: model.spec.vocab as usize,
             num_layers: model.decoder.num_layers(),
+            dtypes: model.dtypes,
+            gguf: opened.kind == crate::source::SourceKind::Gguf,
         };
         let cache = PromptCache::new(model.decoder.num_layers());
         let loaded = Loaded {
             model,
             tokenizer,
+            template_source: opened.templates,
             templates: HashMap::new(),
             cache,
             budget,
@@ -405,7 +416,7 @@ impl Worker {
         if let Some(t) = l.templates.get(&key) {
             return Ok(t.clone());
         }
-        let loaded = ChatTemplate::load(&self.config.model_dir, name)?.ok_or_else(|| {
+        let loaded = l.template_source.load(name)?.ok_or_else(|| {
             RunnerError::Request("the model has no chat template; send a raw prompt instead".into())
         })?;
         let loaded = Arc::new(loaded);

@@ -1,10 +1,13 @@
-//! Models: reading a model directory (config.json + safetensors) into a
-//! runnable decoder.
+//! Models: a model directory (config.json + safetensors) or a GGUF file
+//! (converted by [`gguf`]) into a runnable decoder.
 //!
 //! `config.rs` parses what all architectures share and picks the
 //! [`Architecture`]; one file per architecture holds its serde `Config`;
-//! `layers/` holds the building blocks and the shared decoder.
+//! `layers/` holds the building blocks and the shared decoder; [`dtypes`]
+//! picks the dtypes the backend computes fastest in.
 pub mod config;
+pub mod dtypes;
+pub mod gguf;
 pub mod layers;
 pub mod llama;
 pub mod mistral;
@@ -12,12 +15,14 @@ pub mod qwen2;
 pub mod qwen3;
 pub mod weights;
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use mlx_rs::Array;
 use serde_json::Value;
 
 pub use config::{Architecture, QuantParams, Quantization};
+pub use dtypes::{CpuDtypes, DtypeReport};
 use layers::decoder::{Decoder, DecoderSpec};
 use weights::Weights;
 
@@ -35,15 +40,39 @@ pub struct Model {
     pub weight_bytes: usize,
     /// The parsed config.json, for the tokenizer's BOS/EOS lookup.
     pub raw_config: Value,
+    /// The stored dtypes and what loading did to them.
+    pub dtypes: DtypeReport,
 }
 
-/// Loads the model in `dir`: validates the config, loads and checks every
-/// tensor, and evaluates the weights so loading errors surface here.
+/// Loads the model directory `dir` with the default dtype policy.
 pub fn load(dir: &Path) -> Result<Model> {
+    load_dir(dir, CpuDtypes::default())
+}
+
+/// Loads the model directory `dir`: validates the config, loads and checks
+/// every tensor, and evaluates the weights so loading errors surface here.
+pub fn load_dir(dir: &Path, policy: CpuDtypes) -> Result<Model> {
     let (path, raw) = config::read_config(dir)?;
-    let architecture = Architecture::from_config(&path, &raw)?;
-    let quantization = Quantization::from_config(&path, &raw)?;
-    let mut weights = Weights::load(dir)?;
+    // The config is checked before the weights are read.
+    Architecture::from_config(&path, &raw)?;
+    Quantization::from_config(&path, &raw)?;
+    let tensors = Weights::load(dir)?.into_map();
+    load_parts(&path, raw, tensors, policy)
+}
+
+/// Builds a model from a parsed config (read from `path`, named in errors)
+/// and its tensors.
+pub fn load_parts(
+    path: &Path,
+    raw: Value,
+    mut tensors: HashMap<String, Array>,
+    policy: CpuDtypes,
+) -> Result<Model> {
+    let architecture = Architecture::from_config(path, &raw)?;
+    let quantization = Quantization::from_config(path, &raw)?;
+    let dtypes = dtypes::apply(&mut tensors, policy, dtypes::cpu_backend())?;
+    let mut weights = Weights::from_map(tensors);
+    let path = path.to_owned();
     let has_lm_head = weights.contains("lm_head.weight");
     let (spec, max_positions) = match architecture {
         Architecture::Llama => {
@@ -76,6 +105,7 @@ pub fn load(dir: &Path) -> Result<Model> {
         max_position_embeddings: max_positions,
         weight_bytes,
         raw_config: raw,
+        dtypes,
     })
 }
 

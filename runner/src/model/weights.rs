@@ -42,6 +42,11 @@ impl Weights {
         Self { tensors }
     }
 
+    /// The tensors, by name.
+    pub fn into_map(self) -> HashMap<String, Array> {
+        self.tensors
+    }
+
     /// Whether a tensor of this name exists.
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
