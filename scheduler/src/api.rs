@@ -15,12 +15,14 @@ use crate::duration::KeepAlive;
 use crate::resolve::{ResolveError, Resolved, resolve};
 use crate::sched::{Lease, SchedError, Scheduler};
 use crate::show;
-use crate::store::Store;
+use crate::store::{OllamaStore, Store};
 
-/// The service's state: the scheduler handle and the store.
+/// The service's state: the scheduler handle and the stores.
 pub struct Api {
     pub sched: Scheduler,
     pub store: Store,
+    /// ollama's store, listed and read in place (None without HOME or OLLAMA_MODELS).
+    pub ollama: Option<OllamaStore>,
     /// Turns true when the daemon starts shutting down: every relay then ends
     /// its stream with UNAVAILABLE at once.
     pub closing: tokio::sync::watch::Receiver<bool>,
@@ -170,7 +172,7 @@ impl Api {
         if model.trim().is_empty() {
             return Err(Status::invalid_argument("name a model"));
         }
-        resolve(&self.store, model).map_err(resolve_status)
+        resolve(&self.store, self.ollama.as_ref(), model).map_err(resolve_status)
     }
 
     /// Runs one generation on the model's runner and relays its stream.
@@ -183,7 +185,7 @@ impl Api {
         let started = Instant::now();
         let lease = self
             .sched
-            .acquire(model.name.clone(), model.dir.clone(), ka)
+            .acquire(model.name.clone(), model.path.clone(), ka)
             .await
             .map_err(sched_status)?;
         let mut client = lease.client.clone();
@@ -284,19 +286,32 @@ impl Grove for Api {
             .store
             .list()
             .map_err(|e| Status::internal(e.to_string()))?;
-        let models = models
+        let unix = |t: SystemTime| {
+            t.duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64)
+        };
+        let mut models: Vec<pb::ModelSummary> = models
             .into_iter()
             .map(|m| pb::ModelSummary {
                 name: m.name.to_string(),
                 revision: m.commit,
                 size_bytes: m.size_bytes,
-                modified_unix: m
-                    .modified
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs() as i64),
+                modified_unix: unix(m.modified),
                 path: m.path.display().to_string(),
             })
             .collect();
+        let ollama = self.ollama.clone();
+        let found =
+            tokio::task::spawn_blocking(move || ollama.map(|o| o.list()).unwrap_or_default())
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?;
+        models.extend(found.into_iter().map(|m| pb::ModelSummary {
+            name: m.name.to_string(),
+            revision: m.digest,
+            size_bytes: m.size_bytes,
+            modified_unix: unix(m.modified),
+            path: m.path.display().to_string(),
+        }));
         Ok(Response::new(pb::ListResponse { models }))
     }
 
@@ -317,13 +332,21 @@ impl Grove for Api {
         let name = req.into_inner().model;
         let parsed = crate::store::ModelRef::parse(&name)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        let crate::store::ModelRef::Repo(repo) = parsed else {
-            return Err(Status::invalid_argument(
-                "grove rm removes models from the store, not local directories",
-            ));
+        let repo = match parsed {
+            crate::store::ModelRef::Repo(repo) => repo,
+            crate::store::ModelRef::Ollama(_) => {
+                return Err(Status::invalid_argument(
+                    "Grove reads ollama's store but never changes it; remove the model with `ollama rm`",
+                ));
+            }
+            crate::store::ModelRef::Path(_) => {
+                return Err(Status::invalid_argument(
+                    "grove rm removes models from the store, not local directories or files",
+                ));
+            }
         };
         if let Ok(model) = self.resolve(&name) {
-            let _ = self.sched.unload(model.dir).await;
+            let _ = self.sched.unload(model.path).await;
         }
         let report = self
             .store
@@ -366,7 +389,7 @@ impl Grove for Api {
         let model = self.resolve(&r.model)?;
         let lease = self
             .sched
-            .acquire(model.name, model.dir, keep_alive(r.keep_alive_ns))
+            .acquire(model.name, model.path, keep_alive(r.keep_alive_ns))
             .await
             .map_err(sched_status)?;
         Ok(Response::new(pb::LoadResponse {
@@ -379,7 +402,7 @@ impl Grove for Api {
         req: Request<pb::UnloadRequest>,
     ) -> Result<Response<pb::UnloadResponse>, Status> {
         let model = self.resolve(&req.into_inner().model)?;
-        match self.sched.unload(model.dir).await.map_err(sched_status)? {
+        match self.sched.unload(model.path).await.map_err(sched_status)? {
             true => Ok(Response::new(pb::UnloadResponse {})),
             false => Err(Status::not_found(format!("{} is not loaded", model.name))),
         }

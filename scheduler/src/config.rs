@@ -134,7 +134,7 @@ impl DaemonConfig {
 }
 
 /// `grove-runner`: GROVE_RUNNER, else beside the `grove` binary.
-fn runner_binary() -> Result<PathBuf, ConfigError> {
+pub fn runner_binary() -> Result<PathBuf, ConfigError> {
     if let Some(path) = env("GROVE_RUNNER") {
         return Ok(PathBuf::from(path));
     }

@@ -9,7 +9,7 @@ use grove_proto::v1::grove_server::GroveServer;
 use crate::api::Api;
 use crate::config::DaemonConfig;
 use crate::sched::{SchedConfig, Scheduler};
-use crate::store::Store;
+use crate::store::{OllamaStore, Store};
 
 /// Why the daemon stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +74,7 @@ pub async fn run(
     let api = Api {
         sched: sched.clone(),
         store,
+        ollama: OllamaStore::from_env(),
         closing,
     };
     eprintln!(

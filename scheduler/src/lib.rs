@@ -2,8 +2,8 @@
 //! against memory, behind the public `grove.v1` gRPC API.
 //!
 //! # Layout
-//! - [`cli`]: the `grove` command line; [`cli_pull`], [`cli_service`] its
-//!   `pull` and `service` commands.
+//! - [`cli`]: the `grove` command line; [`cli_pull`], [`cli_service`],
+//!   [`cli_import`] its `pull`, `service` and `import` commands.
 //! - [`daemon`]: `grove serve`, i.e. [`daemon::run`]`(config, shutdown)`.
 //! - [`api`]: the `grove.v1.Grove` gRPC service.
 //! - [`sched`]: the scheduler actor: runner processes, memory budget, eviction,
@@ -17,6 +17,7 @@
 //! - [`service`]: launchd and systemd user services.
 pub mod api;
 pub mod cli;
+pub mod cli_import;
 pub mod cli_pull;
 pub mod cli_service;
 pub mod config;

@@ -1,5 +1,6 @@
 //! What loading a model costs, read without loading it: weight bytes from the
-//! safetensors headers, the minimum KV cache from config.json.
+//! safetensors headers (or a GGUF file's tensor infos), the minimum KV cache
+//! from config.json (or the GGUF metadata).
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
@@ -21,8 +22,44 @@ pub struct ModelSize {
     pub min_bytes: u64,
 }
 
+/// Reads the sizes of the model at `path`: a directory or a GGUF file.
+pub fn model_size(path: &Path) -> Result<ModelSize, String> {
+    if path.is_file() {
+        return gguf_size(path);
+    }
+    dir_size(path)
+}
+
+/// What the runner holds for a GGUF file once converted, conservatively (as
+/// on the CPU backend): quantized matrices at their MLX bit width plus
+/// float32 scales and biases per group of 32, half-precision floats promoted
+/// to float32, and a float32 KV cache.
+fn gguf_size(path: &Path) -> Result<ModelSize, String> {
+    let model = grove_gguf::GgufModel::open(path).map_err(|e| e.to_string())?;
+    let mut weight_bytes = 0u64;
+    for t in &model.plan.tensors {
+        let info = &model.file.tensors[t.index];
+        let n = info.elements();
+        weight_bytes += match grove_gguf::blocks::requant_bits(info.kind) {
+            Some(bits) if info.dims.len() == 2 => n * u64::from(bits) / 8 + n / 32 * 8,
+            _ => n * 4,
+        };
+    }
+    let get = |k: &str| model.plan.config.get(k).and_then(Value::as_u64);
+    let layers = get("num_hidden_layers").unwrap_or(0);
+    let kv_heads = get("num_key_value_heads").unwrap_or(1);
+    let head_dim = get("head_dim").unwrap_or(0);
+    let kv_bytes_per_token = 2 * layers * kv_heads * head_dim * 4;
+    let min_tokens = get("max_position_embeddings").map_or(MIN_KV_TOKENS, |m| m.min(MIN_KV_TOKENS));
+    Ok(ModelSize {
+        weight_bytes,
+        kv_bytes_per_token,
+        min_bytes: weight_bytes + kv_bytes_per_token * min_tokens + HEADROOM,
+    })
+}
+
 /// Reads the sizes of the model in `dir`.
-pub fn model_size(dir: &Path) -> Result<ModelSize, String> {
+fn dir_size(dir: &Path) -> Result<ModelSize, String> {
     let mut weight_bytes = 0u64;
     let entries = std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
     let mut found = false;

@@ -141,7 +141,7 @@ pub async fn pull(
 ) -> Result<Pin<Box<dyn Stream<Item = Result<pb::PullProgress, Status>> + Send>>, Status> {
     let name = match ModelRef::parse(&model).map_err(|e| Status::invalid_argument(e.to_string()))? {
         ModelRef::Repo(name) => name,
-        ModelRef::Path(_) => {
+        ModelRef::Path(_) | ModelRef::Ollama(_) => {
             return Err(Status::invalid_argument(
                 "grove pull takes a Hugging Face repo id, ORG/NAME",
             ));

@@ -1,14 +1,26 @@
 //! Model names as users give them: a Hugging Face repo id found in the hub
-//! cache (`ORG/NAME[@REVISION]`), or a local model directory.
+//! cache (`ORG/NAME[@REVISION]`), a local model directory or GGUF file, or a
+//! model in ollama's store (`ollama:NAME[:TAG]`, its GGUF blob read in place).
 use std::path::PathBuf;
 
-use crate::store::{ModelRef, Store};
+use crate::store::{ModelRef, OllamaStore, Store};
 
-/// A model the daemon can load: its display name and canonical directory.
+/// What a model's path holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    /// config.json, safetensors, tokenizer files.
+    Directory,
+    /// One GGUF file, converted by the runner at load.
+    Gguf,
+}
+
+/// A model the daemon can load: its display name and canonical path.
 #[derive(Debug, Clone)]
 pub struct Resolved {
     pub name: String,
-    pub dir: PathBuf,
+    /// The model directory or GGUF file the runner is given.
+    pub path: PathBuf,
+    pub kind: ModelKind,
 }
 
 /// Why a name does not lead to a model.
@@ -20,28 +32,54 @@ pub enum ResolveError {
     NotFound(String),
 }
 
-/// Resolves `model` against the store (or the filesystem).
-pub fn resolve(store: &Store, model: &str) -> Result<Resolved, ResolveError> {
+/// Resolves `model` against the stores (or the filesystem).
+pub fn resolve(
+    store: &Store,
+    ollama: Option<&OllamaStore>,
+    model: &str,
+) -> Result<Resolved, ResolveError> {
     let parsed = ModelRef::parse(model).map_err(|e| ResolveError::Invalid(e.to_string()))?;
-    let dir = match parsed {
+    let path = match parsed {
         ModelRef::Path(path) => path,
         ModelRef::Repo(name) => store.resolve(&name).map_err(|e| {
             ResolveError::NotFound(format!(
                 "model {model} is not in the store ({e}); run `grove pull {model}`"
             ))
         })?,
+        ModelRef::Ollama(name) => {
+            let Some(ollama) = ollama else {
+                return Err(ResolveError::NotFound(format!(
+                    "model {model}: no ollama store (set OLLAMA_MODELS or HOME)"
+                )));
+            };
+            ollama
+                .resolve(&name)
+                .map_err(|e| ResolveError::NotFound(e.to_string()))?
+                .path
+        }
     };
-    let dir = dir
+    let path = path
         .canonicalize()
-        .map_err(|e| ResolveError::NotFound(format!("model {model}: {}: {e}", dir.display())))?;
-    if !dir.join("config.json").is_file() {
+        .map_err(|e| ResolveError::NotFound(format!("model {model}: {}: {e}", path.display())))?;
+    let kind = if path.is_dir() {
+        if !path.join("config.json").is_file() {
+            return Err(ResolveError::NotFound(format!(
+                "model {model}: {} has no config.json",
+                path.display()
+            )));
+        }
+        ModelKind::Directory
+    } else if grove_gguf::is_gguf(&path) {
+        ModelKind::Gguf
+    } else {
         return Err(ResolveError::NotFound(format!(
-            "model {model}: {} has no config.json",
-            dir.display()
+            "model {model}: {} is neither a model directory nor a GGUF file",
+            path.display()
         )));
-    }
+    };
     Ok(Resolved {
         name: model.to_owned(),
-        dir,
+        path,
+        kind,
     })
 }

@@ -33,6 +33,12 @@ pub enum Command {
     Run(RunArgs),
     /// Download a model from the Hugging Face hub.
     Pull { model: String },
+    /// Convert a GGUF file into an MLX model directory: at NAME when it is a
+    /// path (./DIR), else into the store as the repo id NAME.
+    Import {
+        gguf: std::path::PathBuf,
+        name: String,
+    },
     /// Models in the store.
     #[command(alias = "ls")]
     List,
@@ -59,7 +65,8 @@ pub enum Command {
 /// `grove run` options.
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
-    /// A Hugging Face repo id in the store, or a model directory.
+    /// A Hugging Face repo id in the store, a model directory, a GGUF file,
+    /// or an ollama model (ollama:NAME[:TAG]).
     pub model: String,
     /// Answer this and exit.
     pub prompt: Option<String>,
@@ -144,11 +151,12 @@ fn until(expires_unix: i64, active: u32) -> String {
     }
 }
 
-/// A model argument as the daemon needs it: an existing directory becomes an
-/// absolute path (the daemon runs elsewhere); anything else is a repo id.
+/// A model argument as the daemon needs it: an existing directory or file
+/// becomes an absolute path (the daemon runs elsewhere); anything else is a
+/// repo id or an ollama name.
 fn model_arg(model: &str) -> String {
     let path = std::path::Path::new(model);
-    match path.is_dir().then(|| path.canonicalize()) {
+    match path.exists().then(|| path.canonicalize()) {
         Some(Ok(abs)) => abs.display().to_string(),
         _ => model.to_owned(),
     }
@@ -183,6 +191,9 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         Command::Pull { model } => {
             crate::cli_pull::pull(client::connect_or_start(addr).await?, &model).await?
+        }
+        Command::Import { gguf, name } => {
+            tokio::task::spawn_blocking(move || crate::cli_import::import(&gguf, &name)).await??
         }
         Command::List => {
             let mut c = client::connect_or_start(addr).await?;

@@ -175,11 +175,15 @@ impl Store {
         Ok(dir)
     }
 
-    /// A model directory for any reference: a repo's snapshot, or a local
-    /// directory that holds a model.
+    /// A model directory for a reference: a repo's snapshot, or a local
+    /// directory that holds a model (ollama models are another store's).
     pub fn resolve_ref(&self, model: &ModelRef) -> Result<PathBuf> {
         match model {
             ModelRef::Repo(name) => self.resolve(name),
+            ModelRef::Ollama(name) => Err(StoreError::InvalidName {
+                name: name.to_string(),
+                reason: "an ollama model is not in the Hugging Face cache".into(),
+            }),
             ModelRef::Path(path) => {
                 if !path.is_dir() {
                     return Err(StoreError::NotAModelDir {

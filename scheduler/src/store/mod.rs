@@ -6,6 +6,9 @@
 //! - [`cache`]: the cache layout (`HF_HUB_CACHE`, `$HF_HOME/hub`,
 //!   `~/.cache/huggingface/hub`): resolving a name to a snapshot directory,
 //!   listing, removing ([`Store`]).
+//! - [`ollama`]: models pulled by ollama, listed and read in place.
+//! - [`import`]: a converted GGUF directory added to the cache as a local
+//!   snapshot.
 //! - [`hub`]: the hub's HTTP protocol (`HF_ENDPOINT`, `HF_TOKEN`).
 //! - [`pull`](mod@pull): downloading the files a runner needs, resumable, verified,
 //!   with [`Progress`] events; [`fetch`] is one blob's download.
@@ -34,7 +37,9 @@ pub mod cache;
 pub mod error;
 pub mod fetch;
 pub mod hub;
+pub mod import;
 pub mod name;
+pub mod ollama;
 pub mod progress;
 pub mod pull;
 pub mod snapshot;
@@ -43,5 +48,6 @@ pub use cache::{LocalModel, RemoveReport, Store};
 pub use error::{Phase, StoreError};
 pub use hub::{HubClient, HubToken};
 pub use name::{ModelName, ModelRef};
+pub use ollama::{OllamaName, OllamaStore};
 pub use progress::ProgressBar;
 pub use pull::{Progress, PullOptions, pull};

@@ -1,11 +1,11 @@
-//! Model names: `ORG/NAME[@REVISION]` with the Hugging Face hub's rules, or a
-//! local directory path.
+//! Model names: `ORG/NAME[@REVISION]` with the Hugging Face hub's rules, a
+//! local directory or GGUF file path, or an ollama model (`ollama:NAME:TAG`).
 //!
 //! Parsing never touches the file system, so a name such as `../../etc` or
 //! `org/name@../../x` is rejected before any path is built from it. A local
-//! directory is told apart by its spelling alone: it starts with `/`, `./`,
-//! `../` or `~/` (or is `.`, `..`, `~`). So `org/name` always means the hub
-//! repo, and `./org/name` the directory.
+//! path is told apart by its spelling alone: it starts with `/`, `./`,
+//! `../` or `~/` (or is `.`, `..`, `~`), or it ends in `.gguf`. So `org/name`
+//! always means the hub repo, and `./org/name` the directory.
 use std::fmt;
 use std::path::PathBuf;
 
@@ -27,8 +27,11 @@ pub struct ModelName {
 pub enum ModelRef {
     /// `ORG/NAME[@REVISION]`.
     Repo(ModelName),
-    /// A directory holding `config.json`, safetensors and a tokenizer.
+    /// A directory holding `config.json`, safetensors and a tokenizer, or a
+    /// GGUF file.
     Path(PathBuf),
+    /// A model in ollama's store, read in place.
+    Ollama(super::ollama::OllamaName),
 }
 
 impl ModelRef {
@@ -36,6 +39,14 @@ impl ModelRef {
     /// apart. `~` is expanded from `HOME`.
     pub fn parse(s: &str) -> Result<ModelRef> {
         let s = s.trim();
+        if let Some(rest) = s.strip_prefix(super::ollama::PREFIX) {
+            return super::ollama::OllamaName::parse(rest)
+                .map(ModelRef::Ollama)
+                .map_err(|e| StoreError::InvalidName {
+                    name: s.to_string(),
+                    reason: e.to_string(),
+                });
+        }
         if looks_like_path(s) {
             let path = match s.strip_prefix('~') {
                 Some(rest) => {
@@ -58,12 +69,15 @@ impl fmt::Display for ModelRef {
         match self {
             ModelRef::Repo(n) => n.fmt(f),
             ModelRef::Path(p) => p.display().fmt(f),
+            ModelRef::Ollama(n) => n.fmt(f),
         }
     }
 }
 
 fn looks_like_path(s: &str) -> bool {
-    matches!(s, "." | ".." | "~") || ["/", "./", "../", "~/"].iter().any(|p| s.starts_with(p))
+    matches!(s, "." | ".." | "~")
+        || ["/", "./", "../", "~/"].iter().any(|p| s.starts_with(p))
+        || s.to_ascii_lowercase().ends_with(".gguf")
 }
 
 impl ModelName {
