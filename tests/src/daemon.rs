@@ -15,6 +15,8 @@ pub struct Daemon {
     child: Child,
     pub addr: String,
     pub hub: tempfile::TempDir,
+    /// An empty ollama store (OLLAMA_MODELS), unless `env` names another.
+    pub ollama: tempfile::TempDir,
 }
 
 /// A free port on 127.0.0.1.
@@ -29,10 +31,12 @@ impl Daemon {
     pub async fn start(env: &[(&str, &str)]) -> Result<(Self, GroveClient<Channel>)> {
         let addr = format!("127.0.0.1:{}", free_port()?);
         let hub = tempfile::tempdir()?;
+        let ollama = tempfile::tempdir()?;
         let mut cmd = Command::new(binary("grove")?);
         cmd.arg("serve")
             .env("GROVE_HOST", &addr)
             .env("HF_HUB_CACHE", hub.path())
+            .env("OLLAMA_MODELS", ollama.path())
             .env("HF_HUB_OFFLINE", "1")
             .env("GROVE_RUNNER", binary("grove-runner")?)
             .stdin(Stdio::null());
@@ -40,7 +44,12 @@ impl Daemon {
             cmd.env(k, v);
         }
         let child = cmd.spawn().context("starting grove serve")?;
-        let mut daemon = Self { child, addr, hub };
+        let mut daemon = Self {
+            child,
+            addr,
+            hub,
+            ollama,
+        };
         let client = daemon.connect_when_up().await?;
         Ok((daemon, client))
     }

@@ -44,6 +44,16 @@ pub fn model_dir(name: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// A GGUF copy of a fixture (`DIR/gguf/NAME`, see `GGUF_VARIANTS` in
+/// make_fixtures.py).
+pub fn gguf(name: &str) -> Result<PathBuf> {
+    let path = root()?.join("gguf").join(name);
+    if !path.is_file() {
+        bail!("fixture GGUF {} is missing", path.display());
+    }
+    Ok(path)
+}
+
 /// mlx-lm's outputs for one model.
 #[derive(Debug, Deserialize)]
 pub struct Reference {
@@ -80,10 +90,31 @@ pub struct ChatMessage {
     pub content: String,
 }
 
-/// Reads `reference.json` of a fixture model.
+/// mlx-lm's outputs for what Grove computes by default on the CPU backend,
+/// where half-precision arrays are promoted to float32: `reference-promoted.json`
+/// (mlx-lm on the model with those arrays cast to float32) when the fixture has
+/// one, else `reference.json`.
 pub fn reference(name: &str) -> Result<Reference> {
-    let path = model_dir(name)?.join("reference.json");
+    let promoted = model_dir(name)?.join("reference-promoted.json");
+    if promoted.is_file() {
+        return read_reference(&promoted);
+    }
+    reference_stored(name)
+}
+
+/// `reference.json`: mlx-lm's outputs on the model as stored (what Grove gives
+/// with `--cpu-dtypes stored`).
+pub fn reference_stored(name: &str) -> Result<Reference> {
+    read_reference(&model_dir(name)?.join("reference.json"))
+}
+
+/// Whether the fixture stores half-precision arrays (and so has a promoted reference).
+pub fn has_half_precision(name: &str) -> Result<bool> {
+    Ok(model_dir(name)?.join("reference-promoted.json").is_file())
+}
+
+fn read_reference(path: &std::path::Path) -> Result<Reference> {
     let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }

@@ -14,7 +14,10 @@ use grove_tests::runner::{generate_json, ids_arg};
 const LOGIT_TOLERANCE: f32 = 1e-4;
 
 fn check_case(model: &str, case: &Case, extra: &[&str]) -> Result<()> {
-    let dir = fixtures::model_dir(model)?;
+    check_case_in(&fixtures::model_dir(model)?, model, case, extra)
+}
+
+fn check_case_in(dir: &std::path::Path, model: &str, case: &Case, extra: &[&str]) -> Result<()> {
     let dump = tempfile::NamedTempFile::new()?;
     let ids = ids_arg(&case.prompt_tokens);
     let max = case.max_tokens.to_string();
@@ -86,7 +89,16 @@ fn check_model(model: &str) -> Result<()> {
         long.prompt_tokens.len() > 100,
         "{model}: no long case to chunk"
     );
-    check_case(model, long, &["--prefill-chunk", "7"])
+    check_case(model, long, &["--prefill-chunk", "7"])?;
+    // A half-precision model: the default promotes it to float32 on the CPU
+    // backend (checked above against mlx-lm on the promoted model); kept as
+    // stored, it gives mlx-lm's outputs on the model as stored.
+    if fixtures::has_half_precision(model)? {
+        for case in &fixtures::reference_stored(model)?.cases {
+            check_case(model, case, &["--cpu-dtypes", "stored"])?;
+        }
+    }
+    Ok(())
 }
 
 #[test]
@@ -169,6 +181,22 @@ fn text_prompts_tokenize_like_mlx_lm() -> Result<()> {
                 case.name
             );
             ensure!(out.prompt_tps > 0.0 && out.decode_tps >= 0.0);
+        }
+    }
+    Ok(())
+}
+
+/// GGUF copies of the float32 fixtures, written as llama.cpp's converter writes
+/// them (llama's q/k rows permuted, Llama 3 rope scaling as a `rope_freqs`
+/// tensor, qwen2's biases, qwen3's q/k norms), load to the same model: every
+/// reference case gives mlx-lm's tokens and logits.
+#[test]
+fn gguf_copies_of_float32_fixtures_match_mlx_lm() -> Result<()> {
+    for family in ["llama", "qwen2", "qwen3"] {
+        let gguf = fixtures::gguf(&format!("{family}-f32.gguf"))?;
+        let model = format!("{family}-f32");
+        for case in &fixtures::reference(&model)?.cases {
+            check_case_in(&gguf, &model, case, &[])?;
         }
     }
     Ok(())
