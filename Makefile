@@ -115,8 +115,9 @@ run: build default-model
 test: build fixtures real-models
 	$(CARGO) test $(CARGO_FLAGS) --workspace --no-fail-fast
 
-bench: build fixtures
+bench: build fixtures default-model
 	$(PYTHON) tests/bench/bench.py --runner $(BIN)/grove-runner --fixtures $(FIXTURES)
+	$(PYTHON) tests/bench/real.py --runner $(BIN)/grove-runner --model $(DEFAULT_MODEL)
 
 lint: setup
 	$(CARGO) fmt --all -- --check

@@ -31,7 +31,7 @@ GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 
 
 def pip(*args: str) -> None:
-    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet", *args]
+    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet", "--root-user-action=ignore", *args]
     subprocess.run(cmd, check=True)
 
 
