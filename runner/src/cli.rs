@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
+use crate::chat_template::sandbox::Sandbox;
 use crate::chat_template::{ChatRequest, Message, Role};
 use crate::detokenize::Detokenizer;
 use crate::engine::EngineConfig;
@@ -37,6 +38,10 @@ pub enum Command {
     /// Print the memory budgets are sized against, as JSON:
     /// {"memory_total_bytes": N, "source": "device" | "physical_ram"}.
     Device,
+    /// Render one chat template job from stdin (the sandbox process that
+    /// `serve` starts for each chat request; see chat_template::sandbox).
+    #[command(hide = true)]
+    Render,
 }
 
 /// Arguments of `grove-runner import`.
@@ -80,6 +85,13 @@ pub struct ServeArgs {
     /// rendered with the prewarmed system prompt.
     #[arg(long, requires = "prewarm_system")]
     pub prewarm_tools: Option<PathBuf>,
+    /// Seconds one chat-template rendering may take (it runs in a sandbox
+    /// process, killed at this deadline).
+    #[arg(long, env = "GROVE_TEMPLATE_TIMEOUT", default_value_t = 10.0)]
+    pub template_timeout: f64,
+    /// Bytes of memory the sandbox process of one rendering may use.
+    #[arg(long, env = "GROVE_TEMPLATE_MEMORY", default_value_t = 1 << 30)]
+    pub template_memory: u64,
 }
 
 /// Arguments of `grove-runner generate`.
@@ -175,6 +187,9 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Render => Err(RunnerError::Request(
+            "render runs only as the sandbox process (grove-runner's main handles it)".into(),
+        )),
         Command::Device => {
             let (total, source) = crate::memory::budget_memory();
             let source = match source {
@@ -200,7 +215,22 @@ fn run_serve(args: ServeArgs) -> Result<()> {
         Some(system) => Some(prewarm_request(system, args.prewarm_tools.as_deref())?),
         None => None,
     };
+    if !(args.template_timeout.is_finite() && args.template_timeout > 0.0) {
+        return Err(RunnerError::Request(
+            "--template-timeout must be a positive number of seconds".into(),
+        ));
+    }
+    if args.template_memory < 64 << 20 {
+        return Err(RunnerError::Request(
+            "--template-memory must be at least 64 MiB".into(),
+        ));
+    }
+    let sandbox = Sandbox::new(
+        std::time::Duration::from_secs_f64(args.template_timeout),
+        args.template_memory,
+    )?;
     let config = ServeConfig {
+        sandbox,
         prewarm,
         engine: EngineConfig {
             model_dir: args.model,
@@ -256,20 +286,50 @@ fn prewarm_request(system: String, tools_file: Option<&std::path::Path>) -> Resu
 }
 
 /// SIGINT or SIGTERM.
+/// SIGINT, SIGTERM, or the parent (the daemon) going away. Once it fires,
+/// the process exits within [`EXIT_DEADLINE`] whatever it is doing: work
+/// that ignores cancellation (a model still loading, one long MLX call) does
+/// not keep it alive.
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
+    let parent = std::os::unix::process::parent_id();
+    let orphaned = async move {
+        // The daemon kills runners when it dies (PR_SET_PDEATHSIG on Linux);
+        // elsewhere a runner notices that it was re-parented.
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            if std::os::unix::process::parent_id() != parent {
+                return;
+            }
+        }
+    };
     match signal(SignalKind::terminate()) {
         Ok(mut term) => {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {},
                 _ = term.recv() => {},
+                _ = orphaned => {},
             }
         }
         Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = orphaned => {},
+            }
         }
     }
+    std::thread::spawn(|| {
+        std::thread::sleep(EXIT_DEADLINE);
+        eprintln!("grove-runner: still busy {EXIT_DEADLINE:?} after the stop signal; exiting now");
+        // SAFETY: _exit ends the process without running destructors that
+        // could race the engine thread still inside MLX.
+        unsafe { libc::_exit(1) }
+    });
 }
+
+/// How long a runner may take to exit once told to stop (the daemon sends
+/// SIGKILL after 5 s).
+const EXIT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(4);
 
 fn run_generate(args: GenerateArgs) -> Result<()> {
     let opened = crate::source::open(&args.model, args.cpu_dtypes)?;

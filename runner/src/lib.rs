@@ -2,8 +2,11 @@
 //!
 //! # Layout
 //! - [`cli`]: the `grove-runner` command line (`generate`, `serve`).
-//! - [`server`]: the `grove.runner.v1` gRPC service on a Unix socket.
+//! - [`server`]: the `grove.runner.v1` gRPC service on a Unix socket;
+//!   [`request`] checks and converts its requests.
 //! - [`engine`]: the one thread that owns MLX, the model and the prompt cache.
+//! - [`chat`]: chat requests rendered (in a sandbox process) and tokenized
+//!   before they reach the engine.
 //! - [`memory`]: KV capacity and MLX limits from measured memory.
 //! - [`source`]: a model path, a directory or a GGUF file, opened into the
 //!   model, its tokenizer and its chat templates.
@@ -20,9 +23,12 @@
 //!   penalties, logit bias), seeded.
 //! - [`tokenizer`]: tokenizer.json plus the BOS/EOS facts a generation needs.
 //! - [`chat_template`]: HF chat templates rendered as transformers'
-//!   `apply_chat_template` does (minijinja); tokenize the text without BOS.
+//!   `apply_chat_template` does (minijinja), bounded in instructions and
+//!   output, and run for untrusted models in a sandbox process; tokenize the
+//!   text without BOS.
 //! - [`error`]: [`RunnerError`], whose variants name the failing phase.
 pub mod cache;
+pub mod chat;
 pub mod chat_template;
 pub mod cli;
 pub mod detokenize;
@@ -32,6 +38,7 @@ pub mod generate;
 pub mod import;
 pub mod memory;
 pub mod model;
+pub mod request;
 pub mod sample;
 pub mod server;
 pub mod source;

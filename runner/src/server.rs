@@ -1,7 +1,6 @@
 //! `grove-runner serve`: the `grove.runner.v1.Runner` gRPC service on a Unix
 //! socket, in front of the [`Engine`]. Handlers validate, queue and stream; they
 //! never touch MLX.
-use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -15,15 +14,14 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
-use crate::chat_template::{ChatRequest, Message, Role, ToolCall};
-use crate::engine::{
-    Activity, Engine, EngineConfig, Event, Input, Job, LoadState, Snapshot, SubmitError,
-};
-use crate::error::RunnerError;
-use crate::generate::{FinishReason, GenerateParams};
+use crate::chat;
+use crate::chat_template::sandbox::Sandbox;
+use crate::chat_template::{ChatRequest, Message, Role};
+use crate::engine::{Activity, Engine, EngineConfig, Event, Input, LoadState, Snapshot};
+use crate::generate::FinishReason;
 use crate::memory::MemorySource;
 use crate::model::Architecture;
-use crate::sample::SamplingOptions;
+use crate::request::{Prompt, job, runner_status, submit_status, template_vars, tools};
 
 /// How `serve` is set up.
 #[derive(Debug, Clone)]
@@ -32,6 +30,8 @@ pub struct ServeConfig {
     pub socket: PathBuf,
     /// A system prompt (and tools) to prefill into the prompt cache at start.
     pub prewarm: Option<ChatRequest>,
+    /// Where chat templates render.
+    pub sandbox: Sandbox,
 }
 
 /// Why serving failed.
@@ -62,25 +62,24 @@ pub async fn run(
         source,
     })?;
     let (engine, thread) = Engine::spawn(config.engine.clone()).map_err(ServeError::Engine)?;
-    if let Some(chat) = config.prewarm.clone() {
-        // Queued first, so the first request finds the system prompt cached.
-        let engine = engine.clone();
-        tokio::spawn(async move {
-            match engine.prewarm(chat).await {
-                Ok(Ok(p)) => eprintln!(
-                    "grove-runner: prewarmed {} tokens in {:?}",
-                    p.cached_tokens, p.prompt_eval
-                ),
-                Ok(Err(e)) => eprintln!("grove-runner: prewarm failed: {e}"),
-                Err(e) => eprintln!("grove-runner: prewarm failed: {e}"),
-            }
-        });
-    }
     let stop = Arc::new(Notify::new());
     let service = Service {
         engine,
+        sandbox: config.sandbox.clone(),
         stop: stop.clone(),
     };
+    if let Some(chat) = config.prewarm.clone() {
+        let (engine, sandbox) = (service.engine.clone(), service.sandbox.clone());
+        tokio::spawn(async move {
+            match prewarm(&engine, &sandbox, &chat).await {
+                Ok(p) => eprintln!(
+                    "grove-runner: prewarmed {} tokens in {:?}",
+                    p.cached_tokens, p.prompt_eval
+                ),
+                Err(e) => eprintln!("grove-runner: prewarm failed: {}", e.message()),
+            }
+        });
+    }
     let (fired_tx, mut fired) = tokio::sync::watch::channel(false);
     let stopped = async move {
         tokio::select! {
@@ -106,7 +105,14 @@ pub async fn run(
     // The service, and with it the engine's last handle, is gone: the engine
     // thread ends after its current step (its event channels are closed).
     let joined = tokio::task::spawn_blocking(move || thread.join());
-    let _ = tokio::time::timeout(GRACE, joined).await;
+    if tokio::time::timeout(GRACE, joined).await.is_err() {
+        // The engine is inside work that cannot be cancelled (a model still
+        // loading, one long MLX call). Exiting normally would run MLX's static
+        // destructors under it; end the process here instead.
+        eprintln!("grove-runner: the engine is still busy {GRACE:?} after the shutdown; exiting");
+        // SAFETY: _exit ends the process at once; nothing here needs flushing.
+        unsafe { libc::_exit(0) }
+    }
     served
 }
 
@@ -115,7 +121,25 @@ const GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 struct Service {
     engine: Engine,
+    sandbox: Sandbox,
     stop: Arc<Notify>,
+}
+
+/// Renders a system prompt's conversation prefix and prefills it.
+async fn prewarm(
+    engine: &Engine,
+    sandbox: &Sandbox,
+    chat: &ChatRequest,
+) -> Result<crate::engine::Prewarmed, Status> {
+    let parts = engine.chat_parts().await.map_err(runner_status)?;
+    let ids = chat::conversation_prefix(sandbox, &parts, chat)
+        .await
+        .map_err(runner_status)?;
+    engine
+        .prewarm(ids)
+        .await
+        .map_err(submit_status)?
+        .map_err(runner_status)
 }
 
 fn health(s: &Snapshot) -> pb::HealthResponse {
@@ -192,162 +216,6 @@ fn status(s: &Snapshot) -> pb::StatusResponse {
     }
 }
 
-fn submit_status(e: SubmitError) -> Status {
-    match e {
-        SubmitError::QueueFull(_) => Status::resource_exhausted(e.to_string()),
-        SubmitError::Stopped => Status::unavailable(e.to_string()),
-    }
-}
-
-fn runner_status(e: RunnerError) -> Status {
-    match e {
-        RunnerError::Request(_) | RunnerError::Tokenizer(_) => {
-            Status::invalid_argument(e.to_string())
-        }
-        _ => Status::internal(e.to_string()),
-    }
-}
-
-/// The sampler's options from the request, validated against the vocabulary.
-fn sampling_options(s: pb::SamplingOptions, vocab: usize) -> Result<SamplingOptions, Status> {
-    let defaults = SamplingOptions::default();
-    let mut logit_bias: Vec<(u32, f32)> = s.logit_bias.into_iter().collect();
-    logit_bias.sort_by_key(|(id, _)| *id);
-    let opts = SamplingOptions {
-        temperature: s.temperature,
-        top_k: s.top_k,
-        top_p: s.top_p,
-        min_p: s.min_p,
-        repetition_penalty: s.repetition_penalty,
-        repetition_context_size: s
-            .repetition_context_size
-            .map_or(defaults.repetition_context_size, |n| n as usize),
-        frequency_penalty: s.frequency_penalty,
-        presence_penalty: s.presence_penalty,
-        penalty_window: s
-            .penalty_window
-            .map_or(defaults.penalty_window, |n| n as usize),
-        logit_bias,
-        seed: s.seed,
-    };
-    opts.validate(vocab).map_err(runner_status)?;
-    Ok(opts)
-}
-
-fn parse_json(what: &str, text: &str) -> Result<serde_json::Value, Status> {
-    serde_json::from_str(text)
-        .map_err(|e| Status::invalid_argument(format!("{what} is not valid JSON: {e}")))
-}
-
-fn tools(tools_json: &[String]) -> Result<Vec<serde_json::Value>, Status> {
-    tools_json
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let v = parse_json(&format!("tool {i}"), t)?;
-            if v.is_object() {
-                Ok(v)
-            } else {
-                Err(Status::invalid_argument(format!(
-                    "tool {i} must be a JSON object"
-                )))
-            }
-        })
-        .collect()
-}
-
-fn template_vars(
-    vars: HashMap<String, String>,
-) -> Result<serde_json::Map<String, serde_json::Value>, Status> {
-    let mut out = serde_json::Map::new();
-    for (name, value) in vars {
-        let v = parse_json(&format!("template variable {name}"), &value)?;
-        out.insert(name, v);
-    }
-    Ok(out)
-}
-
-/// A `Chat` message as the chat template takes it.
-fn chat_request(chat: pb::Chat) -> Result<(ChatRequest, Option<String>), Status> {
-    let mut messages = Vec::with_capacity(chat.messages.len());
-    for (i, m) in chat.messages.into_iter().enumerate() {
-        let role = match pb::Role::try_from(m.role) {
-            Ok(pb::Role::System) => Role::System,
-            Ok(pb::Role::User) => Role::User,
-            Ok(pb::Role::Assistant) => Role::Assistant,
-            Ok(pb::Role::Tool) => Role::Tool,
-            _ => {
-                return Err(Status::invalid_argument(format!(
-                    "message {i} has no valid role"
-                )));
-            }
-        };
-        let mut tool_calls = Vec::with_capacity(m.tool_calls.len());
-        for call in m.tool_calls {
-            let id = (!call.id.is_empty()).then_some(call.id);
-            tool_calls.push(
-                ToolCall::from_json_arguments(&call.name, &call.arguments_json, id)
-                    .map_err(runner_status)?,
-            );
-        }
-        messages.push(Message {
-            role,
-            content: m.content,
-            tool_calls,
-            tool_call_id: (!m.tool_call_id.is_empty()).then_some(m.tool_call_id),
-            name: (!m.name.is_empty()).then_some(m.name),
-        });
-    }
-    if messages.is_empty() {
-        return Err(Status::invalid_argument("the conversation has no messages"));
-    }
-    let mut extra = template_vars(chat.template_vars_json)?;
-    if let Some(thinking) = chat.enable_thinking {
-        extra.insert("enable_thinking".into(), thinking.into());
-    }
-    let request = ChatRequest {
-        messages,
-        tools: tools(&chat.tools_json)?,
-        add_generation_prompt: chat.add_generation_prompt.unwrap_or(true),
-        extra,
-    };
-    let name = (!chat.template_name.is_empty()).then_some(chat.template_name);
-    Ok((request, name))
-}
-
-/// Checks the options against the model's facts, and builds the engine's job.
-fn job(req: pb::GenerateRequest, vocab: usize) -> Result<Job, Status> {
-    let input = match req.input {
-        Some(pb::generate_request::Input::Prompt(text)) => Input::Text(text),
-        Some(pb::generate_request::Input::Tokens(list)) => Input::Tokens(list.ids),
-        Some(pb::generate_request::Input::Chat(chat)) => {
-            let (request, template) = chat_request(chat)?;
-            Input::Chat { request, template }
-        }
-        None => return Err(Status::invalid_argument("give a prompt or tokens")),
-    };
-    let sampling = sampling_options(req.sampling.unwrap_or_default(), vocab)?;
-    if req.stop.iter().any(String::is_empty) {
-        return Err(Status::invalid_argument("stop strings must not be empty"));
-    }
-    let defaults = GenerateParams::default();
-    Ok(Job {
-        input,
-        params: GenerateParams {
-            max_tokens: defaults.max_tokens,
-            prefill_chunk: match req.prefill_chunk {
-                0 => defaults.prefill_chunk,
-                n => n as usize,
-            },
-            sampling,
-            capture_logits: false,
-        },
-        max_tokens: req.max_tokens as usize,
-        num_ctx: req.num_ctx as usize,
-        stop: req.stop,
-    })
-}
-
 fn done_message(reason: FinishReason, m: crate::engine::Metrics) -> pb::GenerateResponse {
     let reason = match reason {
         FinishReason::Stop => pb::DoneReason::Stop,
@@ -397,7 +265,19 @@ impl Runner for Service {
             .snapshot()
             .facts
             .map_or(usize::MAX, |f| f.vocab_size);
-        let job = job(req.into_inner(), vocab)?;
+        let (mut job, prompt) = job(req.into_inner(), vocab)?;
+        job.input = match prompt {
+            Prompt::Ready(input) => input,
+            Prompt::Chat(request, name) => {
+                // Rendered and tokenized here, never on the engine thread; a
+                // client that leaves drops this, which stops the sandbox.
+                let parts = self.engine.chat_parts().await.map_err(runner_status)?;
+                let ids = chat::prompt(&self.sandbox, &parts, &request, name.as_deref())
+                    .await
+                    .map_err(runner_status)?;
+                Input::Tokens(ids)
+            }
+        };
         let mut events = self.engine.generate(job).map_err(submit_status)?;
         // Errors before the stream starts are statuses; after, they end the stream.
         match events.recv().await {
@@ -436,28 +316,24 @@ impl Runner for Service {
         req: Request<pb::TokenizeRequest>,
     ) -> Result<Response<pb::TokenizeResponse>, Status> {
         let r = req.into_inner();
-        let ids = self
-            .engine
-            .tokenize(r.text, r.add_special_tokens)
+        let parts = self.engine.chat_parts().await.map_err(runner_status)?;
+        let ids = chat::tokenize(&parts, r.text, r.add_special_tokens)
             .await
-            .map_err(submit_status)?;
-        Ok(Response::new(pb::TokenizeResponse {
-            ids: ids.map_err(runner_status)?,
-        }))
+            .map_err(runner_status)?;
+        Ok(Response::new(pb::TokenizeResponse { ids }))
     }
 
     async fn detokenize(
         &self,
         req: Request<pb::DetokenizeRequest>,
     ) -> Result<Response<pb::DetokenizeResponse>, Status> {
-        let text = self
-            .engine
-            .detokenize(req.into_inner().ids)
+        let parts = self.engine.chat_parts().await.map_err(runner_status)?;
+        let ids = req.into_inner().ids;
+        let text = tokio::task::spawn_blocking(move || parts.tokenizer.decode(&ids))
             .await
-            .map_err(submit_status)?;
-        Ok(Response::new(pb::DetokenizeResponse {
-            text: text.map_err(runner_status)?,
-        }))
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(runner_status)?;
+        Ok(Response::new(pb::DetokenizeResponse { text }))
     }
 
     async fn prewarm(
@@ -471,12 +347,7 @@ impl Runner for Service {
             add_generation_prompt: false,
             extra: template_vars(r.template_vars_json)?,
         };
-        let done = self
-            .engine
-            .prewarm(chat)
-            .await
-            .map_err(submit_status)?
-            .map_err(runner_status)?;
+        let done = prewarm(&self.engine, &self.sandbox, &chat).await?;
         Ok(Response::new(pb::PrewarmResponse {
             cached_tokens: done.cached_tokens as u32,
             prompt_eval_ns: done.prompt_eval.as_nanos() as u64,

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::chat_template::ChatTemplate;
+use crate::chat_template::TemplateSpec;
 use crate::error::{Result, RunnerError};
 use crate::model::{self, CpuDtypes, Model};
 use crate::tokenizer::Tokenizer;
@@ -50,11 +50,12 @@ pub struct Templates {
 }
 
 impl Templates {
-    /// The template `name` (None = the default); `Ok(None)` when the model has none.
-    pub fn load(&self, name: Option<&str>) -> Result<Option<ChatTemplate>> {
+    /// The model's templates and the special tokens they see; `Ok(None)` when
+    /// it has none.
+    pub fn spec(&self) -> Result<Option<TemplateSpec>> {
         match &self.dir {
-            Some(dir) => ChatTemplate::load(dir, name),
-            None => ChatTemplate::from_tokenizer_config(&self.config, &self.origin, name),
+            Some(dir) => TemplateSpec::from_dir(dir),
+            None => TemplateSpec::from_tokenizer_config(&self.config, &self.origin),
         }
     }
 }

@@ -32,6 +32,9 @@ pub struct DaemonConfig {
     pub max_queue: usize,
     pub context_length: Option<u32>,
     pub load_timeout: Duration,
+    /// A loaded runner that does not answer Health within this is stuck and
+    /// killed (GROVE_RUNNER_TIMEOUT).
+    pub runner_timeout: Duration,
     /// Memory the loaded models may reserve (GROVE_MEMORY, bytes; default:
     /// 3/4 of physical RAM).
     pub memory_budget: u64,
@@ -57,6 +60,17 @@ fn number<T: std::str::FromStr>(name: &'static str, default: T) -> Result<T, Con
             .trim()
             .parse()
             .map_err(|_| invalid(name, &v, "not a number")),
+    }
+}
+
+/// A positive duration (`30s`, `5m`, or seconds), else `default`.
+fn duration(name: &'static str, default: Duration) -> Result<Duration, ConfigError> {
+    match env(name) {
+        None => Ok(default),
+        Some(v) => match KeepAlive::parse(&v) {
+            Ok(KeepAlive::For(d)) if !d.is_zero() => Ok(d),
+            _ => Err(invalid(name, &v, "must be a positive duration")),
+        },
     }
 }
 
@@ -90,19 +104,8 @@ impl DaemonConfig {
             None => KeepAlive::For(Duration::from_secs(300)),
             Some(v) => KeepAlive::parse(&v).map_err(|m| invalid("GROVE_KEEP_ALIVE", &v, m))?,
         };
-        let load_timeout = match env("GROVE_LOAD_TIMEOUT") {
-            None => Duration::from_secs(300),
-            Some(v) => match KeepAlive::parse(&v) {
-                Ok(KeepAlive::For(d)) => d,
-                _ => {
-                    return Err(invalid(
-                        "GROVE_LOAD_TIMEOUT",
-                        &v,
-                        "must be a positive duration",
-                    ));
-                }
-            },
-        };
+        let load_timeout = duration("GROVE_LOAD_TIMEOUT", Duration::from_secs(300))?;
+        let runner_timeout = duration("GROVE_RUNNER_TIMEOUT", Duration::from_secs(30))?;
         let runner_bin = runner_binary()?;
         let memory_budget = match env("GROVE_MEMORY") {
             Some(v) => v
@@ -127,6 +130,7 @@ impl DaemonConfig {
             max_queue: number("GROVE_MAX_QUEUE", 512usize)?.max(1),
             context_length,
             load_timeout,
+            runner_timeout,
             memory_budget,
             runner_bin,
         })

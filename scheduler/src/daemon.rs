@@ -49,10 +49,12 @@ pub async fn run(
             config.host
         );
     }
+    crate::runner_proc::remove_stale_socket_dirs();
     let sockets = tempfile::Builder::new()
-        .prefix("grove-runners-")
+        .prefix(crate::runner_proc::SOCKET_DIR_PREFIX)
         .tempdir()
         .map_err(DaemonError::SocketDir)?;
+    crate::runner_proc::claim_socket_dir(sockets.path()).map_err(DaemonError::SocketDir)?;
     let sched = Scheduler::start(SchedConfig {
         runner_bin: config.runner_bin.clone(),
         socket_dir: sockets.path().to_owned(),
@@ -60,6 +62,7 @@ pub async fn run(
         max_loaded: config.max_loaded,
         max_queue: config.max_queue,
         load_timeout: config.load_timeout,
+        runner_timeout: config.runner_timeout,
         memory_budget: config.memory_budget,
         context_length: config.context_length,
     });

@@ -1,6 +1,10 @@
 //! One `grove-runner serve` child process: started in its own process group
 //! with its socket in the daemon's private directory, ready when its Health
-//! says so, stopped with SIGTERM, a deadline, then SIGKILL, and always reaped.
+//! says so, watched by Health while loaded (a runner that stops answering is
+//! stuck, since Health is answered from a snapshot, and is killed), stopped
+//! with SIGTERM, a deadline, then SIGKILL, and always reaped. A runner dies
+//! with the daemon (`PR_SET_PDEATHSIG` on Linux; it also watches its parent),
+//! and socket directories of dead daemons are removed at start.
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -24,7 +28,8 @@ pub const STOP_GRACE: Duration = Duration::from_secs(5);
 pub struct StderrTail(Arc<Mutex<VecDeque<String>>>);
 
 impl StderrTail {
-    fn push(&self, line: String) {
+    /// Adds a line (the daemon's own notes go here too, e.g. why it killed the runner).
+    pub fn push(&self, line: String) {
         if let Ok(mut lines) = self.0.lock() {
             if lines.len() == STDERR_LINES {
                 lines.pop_front();
@@ -69,6 +74,14 @@ pub fn spawn(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    // SAFETY: prctl is async-signal-safe; it only sets this child's death signal.
+    #[cfg(target_os = "linux")]
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
     let mut child = cmd
         .spawn()
         .map_err(|e| format!("starting {}: {e}", runner.display()))?;
@@ -113,12 +126,18 @@ pub async fn wait_ready(
     socket: &Path,
     stderr: &StderrTail,
     timeout: Duration,
+    call_timeout: Duration,
 ) -> Result<RunnerClient<Channel>, String> {
     let deadline = Instant::now() + timeout;
     loop {
+        // A stopped runner would hold a call forever: each one is bounded.
+        let probe = async {
+            let mut client = connect(socket).await.ok()?;
+            let h = client.health(rpb::HealthRequest {}).await.ok()?;
+            Some((client, h))
+        };
         if socket.exists()
-            && let Ok(mut client) = connect(socket).await
-            && let Ok(h) = client.health(rpb::HealthRequest {}).await
+            && let Ok(Some((client, h))) = tokio::time::timeout(call_timeout, probe).await
         {
             let h = h.into_inner();
             match rpb::LoadState::try_from(h.state) {
@@ -136,6 +155,77 @@ pub async fn wait_ready(
             ));
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Checks a loaded runner's Health every `timeout / 4` (at most 1 s apart);
+/// a reply that does not come within `timeout` means the process is stuck
+/// (stopped, or wedged outside the engine thread, since Health is answered
+/// from a snapshot even during a long prefill): its group is killed, with the
+/// cause added to its stderr tail for the requests that fail. Ends when the
+/// runner exits.
+pub async fn watch_health(
+    mut client: RunnerClient<Channel>,
+    pid: u32,
+    stderr: StderrTail,
+    timeout: Duration,
+    mut exited: tokio::sync::watch::Receiver<bool>,
+) {
+    let every = (timeout / 4).min(Duration::from_secs(1));
+    loop {
+        let check = tokio::time::timeout(timeout, client.health(rpb::HealthRequest {}));
+        tokio::select! {
+            _ = exited.wait_for(|e| *e) => return,
+            answer = check => {
+                if answer.is_err() {
+                    stderr.push(format!(
+                        "grove: the runner stopped answering (no Health reply within {timeout:?}, \
+                         GROVE_RUNNER_TIMEOUT); it was killed"
+                    ));
+                    signal_group(pid, libc::SIGKILL);
+                    return;
+                }
+            }
+        }
+        tokio::select! {
+            _ = exited.wait_for(|e| *e) => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// The prefix of the daemon's private socket directories.
+pub const SOCKET_DIR_PREFIX: &str = "grove-runners-";
+/// The file in a socket directory naming the daemon that owns it.
+const OWNER_FILE: &str = "daemon.pid";
+
+/// Marks `dir` as this daemon's.
+pub fn claim_socket_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::write(dir.join(OWNER_FILE), std::process::id().to_string())
+}
+
+/// Removes socket directories (in the temp dir) whose daemon is gone: left by
+/// a daemon that was killed. Directories of live daemons, or without an owner
+/// file, are left alone.
+pub fn remove_stale_socket_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with(SOCKET_DIR_PREFIX) {
+            continue;
+        }
+        let dir = entry.path();
+        let owner = std::fs::read_to_string(dir.join(OWNER_FILE))
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok());
+        let Some(pid) = owner else { continue };
+        // SAFETY: kill with signal 0 only checks that the process exists.
+        let alive = pid > 0 && unsafe { libc::kill(pid, 0) } == 0;
+        if !alive {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 }
 

@@ -29,6 +29,8 @@ pub struct SchedConfig {
     /// Most requests per model, running or waiting.
     pub max_queue: usize,
     pub load_timeout: Duration,
+    /// A loaded runner that misses Health for this long is killed.
+    pub runner_timeout: Duration,
     /// Memory the loaded models' reservations may add up to.
     pub memory_budget: u64,
     /// Passed to every runner (GROVE_CONTEXT_LENGTH).
@@ -464,13 +466,14 @@ impl Actor {
                 })
                 .await;
         });
-        // The loader waits for Health READY, then reports back.
+        // The loader waits for Health READY, then reports back and watches it.
         let commands = self.commands.clone();
-        let timeout = self.config.load_timeout;
+        let (timeout, runner_timeout) = (self.config.load_timeout, self.config.runner_timeout);
         let (load_key, load_stderr, mut exited) = (key.clone(), stderr.clone(), stopped_rx.clone());
+        let watch_exit = stopped_rx.clone();
         tokio::spawn(async move {
             let ready = tokio::select! {
-                r = runner_proc::wait_ready(&socket, &load_stderr, timeout) => r,
+                r = runner_proc::wait_ready(&socket, &load_stderr, timeout, runner_timeout) => r,
                 _ = async { exited.wait_for(|s| *s).await.map(|_| ()) } => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     Err(format!("the runner exited while loading: {}", load_stderr.text()))
@@ -490,6 +493,13 @@ impl Actor {
                         }
                         Err(_) => RunnerFacts::default(),
                     };
+                    tokio::spawn(runner_proc::watch_health(
+                        client.clone(),
+                        pid,
+                        load_stderr.clone(),
+                        runner_timeout,
+                        watch_exit,
+                    ));
                     Ok(Loaded { client, facts })
                 }
                 Err(e) => Err(e),

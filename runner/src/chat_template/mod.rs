@@ -59,140 +59,26 @@
 //! tokenizer's BOS to any rendering that does not start with it.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 use minijinja::value::Value;
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
-use serde_json::Value as Json;
 
 use crate::error::{Result, RunnerError};
 
 mod python;
+mod request;
+pub mod sandbox;
+mod spec;
 mod strftime;
+
+pub use request::{ChatRequest, Message, Role, ToolCall};
+pub use spec::{Source, TemplateSpec};
 
 use python::{py_formatter, py_str, tojson};
 use strftime::strftime;
 
-/// Who wrote a message; rendered as `"system"`, `"user"`, `"assistant"`, `"tool"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Role {
-    System,
-    User,
-    Assistant,
-    Tool,
-}
-
-impl Role {
-    /// The role as chat templates spell it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::System => "system",
-            Role::User => "user",
-            Role::Assistant => "assistant",
-            Role::Tool => "tool",
-        }
-    }
-}
-
-impl std::fmt::Display for Role {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Role {
-    type Err = RunnerError;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "system" => Ok(Role::System),
-            "user" => Ok(Role::User),
-            "assistant" => Ok(Role::Assistant),
-            "tool" => Ok(Role::Tool),
-            _ => Err(RunnerError::Request(format!(
-                "unknown message role {s:?} (expected system, user, assistant or tool)"
-            ))),
-        }
-    }
-}
-
-/// A function call the assistant made.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ToolCall {
-    pub name: String,
-    /// Usually a JSON object; templates `tojson` it. A string stays a string.
-    pub arguments: Json,
-    pub id: Option<String>,
-}
-
-impl ToolCall {
-    /// A call whose arguments arrive as JSON text (the OpenAI API's
-    /// `function.arguments`): parsed, as mlx-lm's server does, because templates
-    /// expect a dict.
-    pub fn from_json_arguments(name: &str, arguments: &str, id: Option<String>) -> Result<Self> {
-        let arguments = serde_json::from_str(arguments).map_err(|e| {
-            RunnerError::Request(format!("tool call {name:?}: arguments are not JSON: {e}"))
-        })?;
-        Ok(Self {
-            name: name.to_owned(),
-            arguments,
-            id,
-        })
-    }
-}
-
-/// One message of a conversation.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Message {
-    pub role: Role,
-    /// Always passed to the template (mlx-lm turns a missing content into "").
-    pub content: String,
-    /// Only on assistant messages; omitted from the template's dict when empty.
-    pub tool_calls: Vec<ToolCall>,
-    /// On tool messages: the call answered.
-    pub tool_call_id: Option<String>,
-    pub name: Option<String>,
-}
-
-impl Message {
-    /// A message with only a role and content.
-    pub fn new(role: Role, content: impl Into<String>) -> Self {
-        Self {
-            role,
-            content: content.into(),
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-            name: None,
-        }
-    }
-}
-
-/// What to render.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ChatRequest {
-    pub messages: Vec<Message>,
-    /// JSON-schema tool definitions, passed as given; empty renders as `tools = none`.
-    pub tools: Vec<Json>,
-    /// Ends the prompt with the header of an assistant turn.
-    pub add_generation_prompt: bool,
-    /// Further template variables (`enable_thinking`, `date_string`, ...); they
-    /// override the special tokens.
-    pub extra: serde_json::Map<String, Json>,
-}
-
 /// Variables the request itself sets; `extra` may not.
 const RESERVED: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
-
-/// The special tokens transformers always names.
-const NAMED_TOKENS: [&str; 7] = [
-    "bos_token",
-    "eos_token",
-    "unk_token",
-    "sep_token",
-    "pad_token",
-    "cls_token",
-    "mask_token",
-];
 
 /// A model's chat template(s), parsed.
 pub struct ChatTemplate {
@@ -214,232 +100,22 @@ impl std::fmt::Debug for ChatTemplate {
     }
 }
 
-/// A template's source before parsing.
-struct Source {
-    name: String,
-    text: String,
-    origin: PathBuf,
-}
-
-fn read_text(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|source| RunnerError::Read {
-        path: path.to_owned(),
-        source,
-    })
-}
-
-fn read_json(path: &Path) -> Result<Json> {
-    if !path.is_file() {
-        return Ok(Json::Null);
-    }
-    serde_json::from_str(&read_text(path)?)
-        .map_err(|e| RunnerError::Tokenizer(format!("{}: not valid JSON: {e}", path.display())))
-}
-
-/// Adds or replaces (a later source of the same name wins, as in a Python dict).
-fn put(sources: &mut Vec<Source>, source: Source) {
-    match sources.iter_mut().find(|s| s.name == source.name) {
-        Some(old) => *old = source,
-        None => sources.push(source),
-    }
-}
-
-/// The model's templates, from the files in `dir` (if any) or else from
-/// `tokenizer_config.json` (`config`, read from `origin`).
-fn template_sources(dir: Option<&Path>, config: &Json, origin: &Path) -> Result<Vec<Source>> {
-    let mut sources = Vec::new();
-    if let Some(dir) = dir {
-        file_sources(dir, &mut sources)?;
-    }
-    if !sources.is_empty() {
-        return Ok(sources);
-    }
-    config_sources(config, origin, &mut sources)?;
-    Ok(sources)
-}
-
-/// `chat_template.jinja` and `additional_chat_templates/*.jinja`.
-fn file_sources(dir: &Path, sources: &mut Vec<Source>) -> Result<()> {
-    let file = dir.join("chat_template.jinja");
-    if file.is_file() {
-        let text = read_text(&file)?;
-        put(
-            sources,
-            Source {
-                name: "default".into(),
-                text,
-                origin: file,
-            },
-        );
-    }
-    let extra_dir = dir.join("additional_chat_templates");
-    if extra_dir.is_dir() {
-        let entries = std::fs::read_dir(&extra_dir).map_err(|source| RunnerError::Read {
-            path: extra_dir.clone(),
-            source,
-        })?;
-        let mut files: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "jinja"))
-            .collect();
-        files.sort();
-        for path in files {
-            let Some(name) = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned) else {
-                continue;
-            };
-            let text = read_text(&path)?;
-            put(
-                sources,
-                Source {
-                    name,
-                    text,
-                    origin: path,
-                },
-            );
-        }
-    }
-    Ok(())
-}
-
-/// `chat_template` of tokenizer_config.json: a string or a named list.
-fn config_sources(config: &Json, origin: &Path, sources: &mut Vec<Source>) -> Result<()> {
-    let bad =
-        |what: &str| RunnerError::Tokenizer(format!("{}: chat_template {what}", origin.display()));
-    match config.get("chat_template") {
-        None | Some(Json::Null) => {}
-        Some(Json::String(text)) => put(
-            sources,
-            Source {
-                name: "default".into(),
-                text: text.clone(),
-                origin: origin.to_owned(),
-            },
-        ),
-        Some(Json::Array(items)) => {
-            for item in items {
-                let (Some(name), Some(text)) = (
-                    item.get("name").and_then(Json::as_str),
-                    item.get("template").and_then(Json::as_str),
-                ) else {
-                    return Err(bad(
-                        "list entries must be {\"name\": ..., \"template\": ...}",
-                    ));
-                };
-                put(
-                    sources,
-                    Source {
-                        name: name.into(),
-                        text: text.into(),
-                        origin: origin.to_owned(),
-                    },
-                );
-            }
-        }
-        Some(_) => {
-            return Err(bad(
-                "must be a string or a list of {\"name\", \"template\"}",
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// A token written as a string or as an AddedToken object (`{"content": ...}`).
-fn token_text(v: &Json) -> Option<String> {
-    match v {
-        Json::String(s) => Some(s.clone()),
-        Json::Object(o) => o.get("content")?.as_str().map(str::to_owned),
-        _ => None,
-    }
-}
-
-/// The special tokens transformers 5 passes to the template (its
-/// `special_tokens_map`): the named ones, then model-specific named tokens
-/// (`extra_special_tokens` given as a dict, other `*_token` string entries,
-/// `model_specific_special_tokens`). `special_tokens_map.json` only counts when
-/// `tokenizer_config.json` has no `added_tokens_decoder` (its legacy path), and
-/// then overrides.
-fn special_tokens(dir: Option<&Path>, config: &Json) -> Result<BTreeMap<String, String>> {
-    let mut cfg = config.as_object().cloned().unwrap_or_default();
-    if !cfg.contains_key("added_tokens_decoder")
-        && let Some(dir) = dir
-        && let Json::Object(map) = read_json(&dir.join("special_tokens_map.json"))?
-    {
-        cfg.extend(map);
-    }
-    let mut out = BTreeMap::new();
-    for key in NAMED_TOKENS {
-        if let Some(text) = cfg.get(key).and_then(token_text) {
-            out.insert(key.to_owned(), text);
-        }
-    }
-    let named_dict = |out: &mut BTreeMap<String, String>, v: Option<&Json>| {
-        if let Some(Json::Object(map)) = v {
-            for (k, v) in map {
-                if let Some(text) = token_text(v) {
-                    out.insert(k.clone(), text);
-                }
-            }
-        }
-    };
-    named_dict(
-        &mut out,
-        cfg.get("extra_special_tokens")
-            .or_else(|| cfg.get("additional_special_tokens")),
-    );
-    for (k, v) in &cfg {
-        let added = v.get("__type").and_then(Json::as_str) == Some("AddedToken");
-        if k.ends_with("_token")
-            && !NAMED_TOKENS.contains(&k.as_str())
-            && (v.is_string() || added)
-            && let Some(text) = token_text(v)
-        {
-            out.insert(k.clone(), text);
-        }
-    }
-    named_dict(&mut out, cfg.get("model_specific_special_tokens"));
-    Ok(out)
-}
-
 impl ChatTemplate {
     /// Loads the chat template(s) of the model in `dir`; `None` if it has none.
     /// `name` pins a named template (e.g. `"tool_use"`); an unknown name is an error.
     /// Templates that may render are parsed now, so a malformed one fails here.
     pub fn load(dir: &Path, name: Option<&str>) -> Result<Option<Self>> {
-        let origin = dir.join("tokenizer_config.json");
-        let config = read_json(&origin)?;
-        Self::load_from(Some(dir), &config, &origin, name)
-    }
-
-    /// The chat template(s) of a tokenizer_config.json held in memory (a
-    /// converted GGUF file's); `origin` names it in errors.
-    pub fn from_tokenizer_config(
-        config: &Json,
-        origin: &Path,
-        name: Option<&str>,
-    ) -> Result<Option<Self>> {
-        Self::load_from(None, config, origin, name)
-    }
-
-    fn load_from(
-        dir: Option<&Path>,
-        config: &Json,
-        origin: &Path,
-        name: Option<&str>,
-    ) -> Result<Option<Self>> {
-        let sources = template_sources(dir, config, origin)?;
-        if sources.is_empty() {
-            return Ok(None);
+        match TemplateSpec::from_dir(dir)? {
+            Some(spec) => Self::from_spec(&spec, name).map(Some),
+            None => Ok(None),
         }
-        let tokens = special_tokens(dir, config)?;
-        Self::from_sources(sources, tokens, name).map(Some)
     }
 
-    fn from_sources(
-        sources: Vec<Source>,
-        special_tokens: BTreeMap<String, String>,
-        pinned: Option<&str>,
-    ) -> Result<Self> {
+    /// Parses the templates of `spec` that may render (`pinned`, else
+    /// `default` and `tool_use`).
+    pub fn from_spec(spec: &TemplateSpec, pinned: Option<&str>) -> Result<Self> {
+        let sources = spec.sources.clone();
+        let special_tokens = spec.special_tokens.clone();
         let names = || {
             sources
                 .iter()
@@ -518,8 +194,15 @@ impl ChatTemplate {
         }
     }
 
-    /// Renders the conversation to prompt text.
+    /// Renders the conversation to prompt text, within [`FUEL`] instructions
+    /// and no output cap. Untrusted templates render in the sandbox
+    /// ([`sandbox::render`]), which also caps the output, memory and time.
     pub fn render(&self, req: &ChatRequest) -> Result<String> {
+        self.render_capped(req, usize::MAX)
+    }
+
+    /// Renders the conversation, failing once the text passes `max_bytes`.
+    pub fn render_capped(&self, req: &ChatRequest, max_bytes: usize) -> Result<String> {
         if req.messages.is_empty() {
             return Err(RunnerError::Request(
                 "cannot apply a chat template to an empty conversation".into(),
@@ -571,15 +254,26 @@ impl ChatTemplate {
             Value::from(req.add_generation_prompt),
         );
 
-        template.render(Value::from_iter(ctx)).map_err(|e| {
-            let what = self.describe(name);
-            match raised_message(&e) {
-                Some(msg) => {
-                    RunnerError::Request(format!("{what} rejected the conversation: {msg}"))
-                }
-                None => RunnerError::Request(format!("{what} failed: {e}")),
+        let mut out = Capped::new(max_bytes);
+        match template.render_captured_to(Value::from_iter(ctx), &mut out) {
+            Ok(_) => String::from_utf8(out.bytes).map_err(|_| {
+                RunnerError::Request(format!("{} rendered invalid UTF-8", self.describe(name)))
+            }),
+            Err(e) => {
+                let what = self.describe(name);
+                Err(RunnerError::Request(match raised_message(&e) {
+                    Some(msg) => format!("{what} rejected the conversation: {msg}"),
+                    None if e.kind() == ErrorKind::OutOfFuel => {
+                        format!("{what} ran past its budget of {FUEL} template instructions")
+                    }
+                    None if out.overflowed => format!(
+                        "{what} rendered more than {max_bytes} bytes (the limit is \
+                         {RENDER_BYTES_PER_TOKEN} bytes per token of context)"
+                    ),
+                    None => format!("{what} failed: {e}"),
+                }))
             }
-        })
+        }
     }
 }
 
@@ -617,9 +311,53 @@ fn tool_call_value(c: &ToolCall) -> Value {
 // ---------------------------------------------------------------------------------------
 // The environment
 
-/// minijinja set up as transformers sets up Jinja2 for chat templates.
+/// Template instructions one rendering may run: well over 100 times what a
+/// long tool-calling conversation takes with the real templates in
+/// tests-data (see the fuel test), and a fraction of a second of CPU.
+pub const FUEL: u64 = 20_000_000;
+
+/// A rendered prompt may hold this many bytes per token of context: far more
+/// than any tokenizer packs into a token, so a cap this size only stops a
+/// template that writes far more than the context could ever take.
+pub const RENDER_BYTES_PER_TOKEN: usize = 32;
+
+/// An output that refuses to grow past a cap.
+struct Capped {
+    bytes: Vec<u8>,
+    max: usize,
+    overflowed: bool,
+}
+
+impl Capped {
+    fn new(max: usize) -> Self {
+        Self {
+            bytes: Vec::new(),
+            max,
+            overflowed: false,
+        }
+    }
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len().saturating_add(buf.len()) > self.max {
+            self.overflowed = true;
+            return Err(std::io::Error::other("the rendered text is too long"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// minijinja set up as transformers sets up Jinja2 for chat templates, with
+/// a fuel budget.
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();
+    env.set_fuel(Some(FUEL));
     env.set_debug(false);
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value as Json, json};
 
 use super::python::py_float;
+use super::spec::{read_json, special_tokens};
 use super::*;
 use crate::tokenizer::Tokenizer;
 
@@ -248,8 +249,12 @@ fn jinja_features_render_as_transformers() {
             text: case["template"].as_str().unwrap().into(),
             origin: PathBuf::from("jinja.json"),
         };
-        let got = ChatTemplate::from_sources(vec![source], tokens.clone(), None)
-            .and_then(|t| t.render(&request_of(case, case)));
+        let spec = TemplateSpec {
+            sources: vec![source],
+            special_tokens: tokens.clone(),
+        };
+        let got =
+            ChatTemplate::from_spec(&spec, None).and_then(|t| t.render(&request_of(case, case)));
         if let Err(msg) = check(case, &got) {
             failures.push(format!("{} {:?}: {msg}", case["name"], case["template"]));
         }

@@ -5,7 +5,6 @@
 //! never wait behind a prefill.
 pub mod prompt_cache;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -13,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::chat_template::{ChatRequest, ChatTemplate, Message, Role};
+use crate::chat::ChatParts;
 use crate::error::{Result, RunnerError};
 use crate::generate::{FinishReason, Flow, GenerateParams, Limits, generate_cached};
 use crate::memory::{Budget, budget_memory};
@@ -89,16 +88,12 @@ pub struct Snapshot {
     pub memory: MemoryFigures,
 }
 
-/// A prompt, as text, ids, or a conversation for the chat template.
+/// A prompt, as text or ids (conversations are rendered and tokenized before
+/// they reach the engine; see [`crate::chat`]).
 #[derive(Debug, Clone)]
 pub enum Input {
     Text(String),
     Tokens(Vec<u32>),
-    Chat {
-        request: ChatRequest,
-        /// A named template (e.g. "tool_use"); None = the default.
-        template: Option<String>,
-    },
 }
 
 /// What prewarming put into the prompt cache.
@@ -149,17 +144,8 @@ enum Request {
         job: Job,
         events: mpsc::Sender<Event>,
     },
-    Tokenize {
-        text: String,
-        add_special: bool,
-        reply: oneshot::Sender<Result<Vec<u32>>>,
-    },
-    Detokenize {
-        ids: Vec<u32>,
-        reply: oneshot::Sender<Result<String>>,
-    },
     Prewarm {
-        chat: ChatRequest,
+        prompt: Vec<u32>,
         reply: oneshot::Sender<Result<Prewarmed>>,
     },
 }
@@ -178,6 +164,7 @@ pub enum SubmitError {
 pub struct Engine {
     requests: mpsc::Sender<Request>,
     snapshot: watch::Receiver<Snapshot>,
+    parts: watch::Receiver<Option<Arc<ChatParts>>>,
     queue: usize,
 }
 
@@ -191,18 +178,47 @@ impl Engine {
             facts: None,
             memory: MemoryFigures::default(),
         });
+        let (parts_tx, parts) = watch::channel(None);
         let queue = config.queue.max(1);
         let thread = std::thread::Builder::new()
             .name("grove-engine".into())
-            .spawn(move || Worker::run(config, rx, snap_tx))?;
+            .spawn(move || Worker::run(config, rx, snap_tx, parts_tx))?;
         Ok((
             Self {
                 requests,
                 snapshot,
+                parts,
                 queue,
             },
             thread,
         ))
+    }
+
+    /// The tokenizer and templates, once the model has loaded.
+    pub async fn chat_parts(&self) -> Result<Arc<ChatParts>> {
+        let mut parts = self.parts.clone();
+        let mut snapshot = self.snapshot.clone();
+        loop {
+            if let Some(p) = parts.borrow_and_update().clone() {
+                return Ok(p);
+            }
+            let state = snapshot.borrow_and_update().state.clone();
+            match state {
+                LoadState::Failed(e) => {
+                    return Err(RunnerError::Request(format!(
+                        "the model failed to load: {e}"
+                    )));
+                }
+                LoadState::Stopping => {
+                    return Err(RunnerError::Request("the runner is stopping".into()));
+                }
+                LoadState::Loading | LoadState::Ready => {}
+            }
+            tokio::select! {
+                r = parts.changed() => if r.is_err() { return Err(RunnerError::Request("the engine has stopped".into())) },
+                r = snapshot.changed() => if r.is_err() { return Err(RunnerError::Request("the engine has stopped".into())) },
+            }
+        }
     }
 
     /// The latest snapshot (never waits for the engine).
@@ -224,38 +240,13 @@ impl Engine {
         Ok(rx)
     }
 
-    /// Tokenizes text on the engine thread.
-    pub async fn tokenize(
-        &self,
-        text: String,
-        add_special: bool,
-    ) -> std::result::Result<Result<Vec<u32>>, SubmitError> {
-        let (reply, rx) = oneshot::channel();
-        self.submit(Request::Tokenize {
-            text,
-            add_special,
-            reply,
-        })?;
-        rx.await.map_err(|_| SubmitError::Stopped)
-    }
-
-    /// Prefills a rendered system prompt into the prompt cache.
+    /// Prefills the ids of a rendered system prompt into the prompt cache.
     pub async fn prewarm(
         &self,
-        chat: ChatRequest,
+        prompt: Vec<u32>,
     ) -> std::result::Result<Result<Prewarmed>, SubmitError> {
         let (reply, rx) = oneshot::channel();
-        self.submit(Request::Prewarm { chat, reply })?;
-        rx.await.map_err(|_| SubmitError::Stopped)
-    }
-
-    /// Decodes ids on the engine thread.
-    pub async fn detokenize(
-        &self,
-        ids: Vec<u32>,
-    ) -> std::result::Result<Result<String>, SubmitError> {
-        let (reply, rx) = oneshot::channel();
-        self.submit(Request::Detokenize { ids, reply })?;
+        self.submit(Request::Prewarm { prompt, reply })?;
         rx.await.map_err(|_| SubmitError::Stopped)
     }
 }
@@ -276,11 +267,7 @@ fn send(events: &mpsc::Sender<Event>, mut event: Event) -> bool {
 
 struct Loaded {
     model: Model,
-    tokenizer: Tokenizer,
-    /// Where the chat templates come from.
-    template_source: crate::source::Templates,
-    /// Chat templates by name (None = the default), loaded when first asked for.
-    templates: HashMap<Option<String>, Arc<ChatTemplate>>,
+    tokenizer: Arc<Tokenizer>,
     cache: PromptCache,
     budget: Budget,
     context: usize,
@@ -289,6 +276,7 @@ struct Loaded {
 struct Worker {
     config: EngineConfig,
     snapshot: watch::Sender<Snapshot>,
+    parts: watch::Sender<Option<Arc<ChatParts>>>,
 }
 
 impl Worker {
@@ -296,8 +284,13 @@ impl Worker {
         config: EngineConfig,
         mut rx: mpsc::Receiver<Request>,
         snapshot: watch::Sender<Snapshot>,
+        parts: watch::Sender<Option<Arc<ChatParts>>>,
     ) {
-        let worker = Self { config, snapshot };
+        let worker = Self {
+            config,
+            snapshot,
+            parts,
+        };
         let mut loaded = match worker.load() {
             Ok(l) => Some(l),
             Err(e) => {
@@ -310,21 +303,8 @@ impl Worker {
         while let Some(request) = rx.blocking_recv() {
             match (request, loaded.as_mut()) {
                 (Request::Generate { job, events }, Some(l)) => worker.generate(l, job, &events),
-                (
-                    Request::Tokenize {
-                        text,
-                        add_special,
-                        reply,
-                    },
-                    Some(l),
-                ) => {
-                    let _ = reply.send(l.tokenizer.encode(&text, add_special));
-                }
-                (Request::Detokenize { ids, reply }, Some(l)) => {
-                    let _ = reply.send(l.tokenizer.decode(&ids));
-                }
-                (Request::Prewarm { chat, reply }, Some(l)) => {
-                    let _ = reply.send(worker.prewarm(l, &chat));
+                (Request::Prewarm { prompt, reply }, Some(l)) => {
+                    let _ = reply.send(worker.prewarm(l, &prompt));
                 }
                 (request, None) => {
                     let err = || RunnerError::Request("the model failed to load".into());
@@ -332,8 +312,6 @@ impl Worker {
                         Request::Generate { events, .. } => {
                             send(&events, Event::Error(err()));
                         }
-                        Request::Tokenize { reply, .. } => drop(reply.send(Err(err()))),
-                        Request::Detokenize { reply, .. } => drop(reply.send(Err(err()))),
                         Request::Prewarm { reply, .. } => drop(reply.send(Err(err()))),
                     }
                 }
@@ -346,7 +324,8 @@ impl Worker {
 
     fn load(&self) -> Result<Loaded> {
         let opened = crate::source::open(&self.config.model_dir, self.config.cpu_dtypes)?;
-        let (model, tokenizer) = (opened.model, opened.tokenizer);
+        let model = opened.model;
+        let tokenizer = Arc::new(opened.tokenizer);
         let budget = Budget::new(&model, budget_memory(), self.config.prefill_chunk as u64);
         budget.apply().map_err(|e| RunnerError::Mlx {
             phase: "setting memory limits",
@@ -378,15 +357,15 @@ impl Worker {
             gguf: opened.kind == crate::source::SourceKind::Gguf,
         };
         let cache = PromptCache::new(model.decoder.num_layers());
+        let parts = ChatParts::new(tokenizer.clone(), opened.templates.spec(), context);
         let loaded = Loaded {
             model,
             tokenizer,
-            template_source: opened.templates,
-            templates: HashMap::new(),
             cache,
             budget,
             context,
         };
+        self.parts.send_replace(Some(Arc::new(parts)));
         self.snapshot.send_modify(|s| {
             s.state = LoadState::Ready;
             s.facts = Some(facts);
@@ -410,58 +389,9 @@ impl Worker {
         });
     }
 
-    /// The chat template `name` of the model, loaded once.
-    fn template(&self, l: &mut Loaded, name: Option<&str>) -> Result<Arc<ChatTemplate>> {
-        let key = name.map(str::to_owned);
-        if let Some(t) = l.templates.get(&key) {
-            return Ok(t.clone());
-        }
-        let loaded = l.template_source.load(name)?.ok_or_else(|| {
-            RunnerError::Request("the model has no chat template; send a raw prompt instead".into())
-        })?;
-        let loaded = Arc::new(loaded);
-        l.templates.insert(key, loaded.clone());
-        Ok(loaded)
-    }
-
-    /// Renders a conversation and tokenizes it as transformers does: the
-    /// template writes the special tokens, so none are added again.
-    fn render_chat(
-        &self,
-        l: &mut Loaded,
-        chat: &ChatRequest,
-        name: Option<&str>,
-    ) -> Result<Vec<u32>> {
-        let text = self.template(l, name)?.render(chat)?;
-        l.tokenizer.encode(&text, false)
-    }
-
-    /// The text every conversation that starts with `chat`'s messages begins
-    /// with: `chat` is rendered twice with a different user message after it,
-    /// and the common prefix kept. (Rendering the system turn alone fails with
-    /// templates that require a user message, such as Qwen3's.)
-    fn conversation_prefix(&self, l: &mut Loaded, chat: &ChatRequest) -> Result<String> {
-        let template = self.template(l, None)?;
-        let with_user = |text: &str| {
-            let mut req = chat.clone();
-            req.messages.push(Message::new(Role::User, text));
-            req.add_generation_prompt = false;
-            template.render(&req)
-        };
-        let (a, b) = (with_user("\u{E000}")?, with_user("\u{E001}")?);
-        let common = a
-            .char_indices()
-            .zip(b.chars())
-            .find(|((_, x), y)| x != y)
-            .map_or(a.len().min(b.len()), |((i, _), _)| i);
-        Ok(a[..common].to_owned())
-    }
-
-    /// Prefills the start of conversations that open with `chat` (a system
-    /// prompt and its tools) into the entry.
-    fn prewarm(&self, l: &mut Loaded, chat: &ChatRequest) -> Result<Prewarmed> {
-        let text = self.conversation_prefix(l, chat)?;
-        let prompt = l.tokenizer.encode(&text, false)?;
+    /// Prefills the start of conversations (a rendered system prompt and its
+    /// tools, see [`crate::chat::conversation_prefix`]) into the entry.
+    fn prewarm(&self, l: &mut Loaded, prompt: &[u32]) -> Result<Prewarmed> {
         if prompt.is_empty() {
             return Err(RunnerError::Request(
                 "the system prompt renders to nothing".into(),
@@ -476,7 +406,7 @@ impl Worker {
         }
         self.snapshot
             .send_modify(|s| s.activity = Activity::Prefilling);
-        let cached = l.cache.reuse_for(&prompt);
+        let cached = l.cache.reuse_for(prompt);
         let params = GenerateParams {
             max_tokens: 0,
             ..GenerateParams::default()
@@ -490,7 +420,7 @@ impl Worker {
             &l.model,
             l.cache.layers_mut(),
             cached,
-            &prompt,
+            prompt,
             &[],
             &params,
             &limits,
@@ -528,9 +458,6 @@ impl Worker {
         let prompt = match &job.input {
             Input::Text(text) => l.tokenizer.encode_prompt(text)?,
             Input::Tokens(ids) => ids.clone(),
-            Input::Chat { request, template } => {
-                self.render_chat(l, request, template.as_deref())?
-            }
         };
         let context = match job.num_ctx {
             0 => l.context,
