@@ -41,7 +41,7 @@ DEFAULT_MODEL := $(REAL)/SmolLM2-135M-Instruct
 PROFILE_DIR := $(if $(findstring --release,$(CARGO_FLAGS)),release,debug)
 BIN := $(CURDIR)/target/$(PROFILE_DIR)
 
-.PHONY: setup build run test bench lint fixtures real-models default-model clean distclean
+.PHONY: setup build run test bench fuzz lint fixtures real-models default-model clean distclean
 
 setup: $(SETUP_TARGETS)
 
@@ -114,6 +114,13 @@ run: build default-model
 
 test: build fixtures real-models
 	$(CARGO) test $(CARGO_FLAGS) --workspace --no-fail-fast
+
+# The fuzz tests (proptest, see fuzzing/) with a long budget; `make test` runs
+# them with proptest's default of 256 cases each.
+FUZZ_CASES ?= 20000
+fuzz: build fixtures
+	PROPTEST_CASES=$(FUZZ_CASES) $(CARGO) test $(CARGO_FLAGS) -p grove-gguf -p grove-runner -p grove \
+	  --no-fail-fast fuzz
 
 bench: build fixtures default-model
 	$(PYTHON) tests/bench/bench.py --runner $(BIN)/grove-runner --fixtures $(FIXTURES)

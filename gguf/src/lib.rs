@@ -15,6 +15,7 @@
 //! - [`plan`]: the HF config and tensor names, and llama.cpp's conversions to
 //!   undo.
 //! - [`vocab`]: the tokenizer, tokenizer_config and generation_config.
+//! - [`writer`]: a small GGUF writer for tests and tools.
 //! - [`error`]: [`GgufError`], naming the part of the file that failed.
 pub mod blocks;
 pub mod error;
@@ -24,6 +25,7 @@ pub mod requant;
 pub mod types;
 pub mod value;
 pub mod vocab;
+pub mod writer;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -27,6 +27,9 @@ pub enum RunnerError {
     /// The prompt or the generation options are not usable.
     #[error("invalid request: {0}")]
     Request(String),
+    /// The runner was told to stop (SIGTERM, Shutdown) before the request ended.
+    #[error("the runner is stopping")]
+    Stopped,
     /// MLX reported an error while evaluating; `phase` says what was running.
     #[error("MLX error during {phase}: {message}")]
     Mlx {

@@ -300,6 +300,11 @@ pub fn generate_cached(
             in_flight = next;
             break;
         }
+        if (limits.cancelled)() {
+            finish = FinishReason::Cancelled;
+            in_flight = next;
+            break;
+        }
         match next {
             Some(n) => y = n,
             None => break,

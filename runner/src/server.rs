@@ -81,11 +81,14 @@ pub async fn run(
         });
     }
     let (fired_tx, mut fired) = tokio::sync::watch::channel(false);
+    let engine = service.engine.clone();
     let stopped = async move {
         tokio::select! {
             _ = shutdown => {},
             _ = stop.notified() => {},
         }
+        // In-flight generations end at their next step; streams then close.
+        engine.stop();
         let _ = fired_tx.send(true);
     };
     let serve = tonic::transport::Server::builder()

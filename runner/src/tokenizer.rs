@@ -50,6 +50,28 @@ fn token_ids(v: Option<&Value>) -> Option<Vec<u32>> {
     }
 }
 
+/// Reads tokenizer.json. The JSON is checked first, and the `tokenizers`
+/// crate's own parsing runs under `catch_unwind`: it panics on some malformed
+/// files (a truncated decoder section hits an `expect`), which must be an
+/// error here, never a crash.
+fn parse_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer> {
+    let bad = |m: String| RunnerError::Tokenizer(format!("{}: {m}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|source| RunnerError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    serde_json::from_str::<serde::de::IgnoredAny>(&text)
+        .map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    let parsed = std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>());
+    match parsed {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => Err(bad(e.to_string())),
+        Err(_) => Err(bad(
+            "the tokenizers library could not read it (it panicked)".into(),
+        )),
+    }
+}
+
 impl Tokenizer {
     /// Loads `tokenizer.json` from `dir`; BOS/EOS come from `config` (config.json),
     /// `generation_config.json` (its EOS wins, as in mlx-lm) and
@@ -62,8 +84,7 @@ impl Tokenizer {
                 path.display()
             )));
         }
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| RunnerError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let inner = parse_tokenizer_json(&path)?;
         let tok_config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
         let gen_config = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
         Ok(Self::from_parts(inner, &tok_config, &gen_config, config))
@@ -142,5 +163,26 @@ impl Tokenizer {
     /// The underlying `tokenizers` tokenizer (e.g. for the detokenizer's tables).
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by fuzzing: tokenizers 0.22 panics (`expect("Helper")`) on a
+    /// file that ends inside its decoder section.
+    #[test]
+    fn a_truncated_tokenizer_json_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = r#"{"version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true,"#;
+        std::fs::write(dir.path().join("tokenizer.json"), text).unwrap();
+        let err = Tokenizer::load(dir.path(), &Value::Null).err().unwrap();
+        assert!(err.to_string().contains("tokenizer.json"), "{err}");
+        // Valid JSON that tokenizers cannot use is an error too.
+        std::fs::write(dir.path().join("tokenizer.json"), r#"{"decoder": 3}"#).unwrap();
+        assert!(Tokenizer::load(dir.path(), &Value::Null).is_err());
     }
 }

@@ -65,7 +65,7 @@ fn sampling(o: &pb::Options) -> rpb::SamplingOptions {
     }
 }
 
-fn runner_request(
+pub(crate) fn runner_request(
     input: rpb::generate_request::Input,
     o: Option<pb::Options>,
 ) -> rpb::GenerateRequest {
@@ -90,7 +90,7 @@ fn role(r: i32) -> Result<rpb::Role, Status> {
     }
 }
 
-fn chat_input(r: &pb::ChatRequest) -> Result<rpb::generate_request::Input, Status> {
+pub(crate) fn chat_input(r: &pb::ChatRequest) -> Result<rpb::generate_request::Input, Status> {
     let mut messages = Vec::with_capacity(r.messages.len());
     for m in &r.messages {
         messages.push(rpb::Message {
@@ -290,8 +290,11 @@ impl Grove for Api {
             t.duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs() as i64)
         };
+        // A snapshot an interrupted pull left incomplete is not a model yet
+        // (`grove pull` resumes it).
         let mut models: Vec<pb::ModelSummary> = models
             .into_iter()
+            .filter(|m| m.complete)
             .map(|m| pb::ModelSummary {
                 name: m.name.to_string(),
                 revision: m.commit,

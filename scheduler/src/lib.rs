@@ -23,6 +23,8 @@ pub mod cli_service;
 pub mod config;
 pub mod daemon;
 pub mod duration;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod model_size;
 pub mod pull_rpc;
 pub mod resolve;

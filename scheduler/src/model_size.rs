@@ -146,7 +146,10 @@ fn header(path: &Path) -> Result<serde_json::Map<String, Value>, String> {
     file.read_exact(&mut len)
         .map_err(|_| bad("too short for a safetensors header"))?;
     let len = u64::from_le_bytes(len);
-    if len > 100 << 20 {
+    // The claimed length is checked against the file before anything that
+    // size is allocated.
+    let file_len = file.metadata().map_err(|e| bad(&e.to_string()))?.len();
+    if len > 100 << 20 || len > file_len.saturating_sub(8) {
         return Err(bad("header length is implausible"));
     }
     let mut raw = vec![0u8; len as usize];
@@ -174,4 +177,21 @@ fn safetensors_bytes(path: &Path) -> Result<u64, String> {
         bytes += offsets.1.saturating_sub(offsets.0);
     }
     Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by fuzzing: a header length of 16 MB in a 300-byte file made the
+    /// daemon allocate the 16 MB before reading.
+    #[test]
+    fn a_header_longer_than_its_file_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = (16u64 << 20).to_le_bytes().to_vec();
+        bytes.extend_from_slice(b"{}");
+        let path = dir.path().join("model.safetensors");
+        std::fs::write(&path, bytes).unwrap();
+        assert!(header(&path).unwrap_err().contains("implausible"));
+    }
 }

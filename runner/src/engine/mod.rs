@@ -7,6 +7,7 @@ pub mod prompt_cache;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -148,6 +149,8 @@ enum Request {
         prompt: Vec<u32>,
         reply: oneshot::Sender<Result<Prewarmed>>,
     },
+    /// Wakes the engine to see that it is stopping.
+    Stop,
 }
 
 /// Why a request was not queued.
@@ -165,6 +168,7 @@ pub struct Engine {
     requests: mpsc::Sender<Request>,
     snapshot: watch::Receiver<Snapshot>,
     parts: watch::Receiver<Option<Arc<ChatParts>>>,
+    stopping: Arc<AtomicBool>,
     queue: usize,
 }
 
@@ -179,19 +183,29 @@ impl Engine {
             memory: MemoryFigures::default(),
         });
         let (parts_tx, parts) = watch::channel(None);
+        let stopping = Arc::new(AtomicBool::new(false));
         let queue = config.queue.max(1);
+        let worker_stopping = stopping.clone();
         let thread = std::thread::Builder::new()
             .name("grove-engine".into())
-            .spawn(move || Worker::run(config, rx, snap_tx, parts_tx))?;
+            .spawn(move || Worker::run(config, rx, snap_tx, parts_tx, worker_stopping))?;
         Ok((
             Self {
                 requests,
                 snapshot,
                 parts,
+                stopping,
                 queue,
             },
             thread,
         ))
+    }
+
+    /// Stops the engine: the running generation ends at its next step or
+    /// prefill chunk, queued ones fail, and the thread exits.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let _ = self.requests.try_send(Request::Stop);
     }
 
     /// The tokenizer and templates, once the model has loaded.
@@ -277,6 +291,7 @@ struct Worker {
     config: EngineConfig,
     snapshot: watch::Sender<Snapshot>,
     parts: watch::Sender<Option<Arc<ChatParts>>>,
+    stopping: Arc<AtomicBool>,
 }
 
 impl Worker {
@@ -285,11 +300,13 @@ impl Worker {
         mut rx: mpsc::Receiver<Request>,
         snapshot: watch::Sender<Snapshot>,
         parts: watch::Sender<Option<Arc<ChatParts>>>,
+        stopping: Arc<AtomicBool>,
     ) {
         let worker = Self {
             config,
             snapshot,
             parts,
+            stopping,
         };
         let mut loaded = match worker.load() {
             Ok(l) => Some(l),
@@ -301,7 +318,20 @@ impl Worker {
             }
         };
         while let Some(request) = rx.blocking_recv() {
+            if worker.stopping.load(Ordering::SeqCst) {
+                let err = || RunnerError::Stopped;
+                match request {
+                    Request::Generate { events, .. } => drop(send(&events, Event::Error(err()))),
+                    Request::Prewarm { reply, .. } => drop(reply.send(Err(err()))),
+                    Request::Stop => {}
+                }
+                if rx.is_empty() {
+                    break;
+                }
+                continue;
+            }
             match (request, loaded.as_mut()) {
+                (Request::Stop, _) => {}
                 (Request::Generate { job, events }, Some(l)) => worker.generate(l, job, &events),
                 (Request::Prewarm { prompt, reply }, Some(l)) => {
                     let _ = reply.send(worker.prewarm(l, &prompt));
@@ -313,6 +343,7 @@ impl Worker {
                             send(&events, Event::Error(err()));
                         }
                         Request::Prewarm { reply, .. } => drop(reply.send(Err(err()))),
+                        Request::Stop => {}
                     }
                 }
             }
@@ -413,7 +444,7 @@ impl Worker {
         };
         let limits = Limits {
             context: l.context,
-            cancelled: &|| false,
+            cancelled: &|| self.stopping.load(Ordering::SeqCst),
             inspect: None,
         };
         let outcome = generate_cached(
@@ -488,7 +519,7 @@ impl Worker {
         let mut gone = false;
         let mut stopped = false;
         let mut first = true;
-        let cancelled = || events.is_closed();
+        let cancelled = || events.is_closed() || self.stopping.load(Ordering::SeqCst);
         let limits = Limits {
             context,
             cancelled: &cancelled,
@@ -529,6 +560,9 @@ impl Worker {
             .commit(prompt.iter().copied().chain(out.tokens.iter().copied()));
         if gone || events.is_closed() {
             return Ok(());
+        }
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(RunnerError::Stopped);
         }
         let mut reason = out.finish;
         if !stopped {

@@ -13,6 +13,7 @@ pub mod llama;
 pub mod mistral;
 pub mod qwen2;
 pub mod qwen3;
+pub mod safetensors;
 pub mod weights;
 
 use std::collections::HashMap;

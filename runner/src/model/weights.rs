@@ -26,6 +26,7 @@ impl Weights {
         let files = safetensors_files(dir)?;
         let mut tensors = HashMap::new();
         for file in files {
+            super::safetensors::check(&file)?;
             let loaded = Array::load_safetensors(&file).map_err(|e| {
                 RunnerError::Weights(format!(
                     "{}: not a readable safetensors file: {e}",

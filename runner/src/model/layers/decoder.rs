@@ -111,7 +111,9 @@ impl Decoder {
         // Precomputed rotary tables some checkpoints carry are not used.
         w.discard(|name| name.ends_with(".rotary_emb.inv_freq"));
         let embed = Embedding::load(w, quant, "model.embed_tokens", spec.vocab, hidden)?;
-        let mut blocks = Vec::with_capacity(spec.layers as usize);
+        // Grown layer by layer: the config's count is only a claim until the
+        // tensors of each layer are found.
+        let mut blocks = Vec::new();
         for i in 0..spec.layers {
             let p = format!("model.layers.{i}");
             blocks.push(Block {

@@ -1,5 +1,6 @@
-//! A small GGUF writer for tests that need files llama.cpp would not write:
-//! it records where each field lands, so a test can corrupt exactly one.
+//! A small GGUF writer (version 3, alignment 32) for tests and tools: it
+//! records where each field lands, so a test can corrupt exactly one, and it
+//! makes the tiny models the fuzzers start from.
 use std::collections::BTreeMap;
 
 /// A metadata value.
