@@ -80,6 +80,15 @@ pub async fn tokenize(parts: &Arc<ChatParts>, text: String, add_special: bool) -
         .map_err(|e| RunnerError::Request(format!("tokenizing: {e}")))?
 }
 
+/// Tokenizes a raw prompt on the blocking pool, as mlx-lm does (BOS added
+/// when the tokenizer adds one).
+pub async fn encode_prompt(parts: &Arc<ChatParts>, text: String) -> Result<Vec<u32>> {
+    let parts = parts.clone();
+    tokio::task::spawn_blocking(move || parts.tokenizer.encode_prompt(&text))
+        .await
+        .map_err(|e| RunnerError::Request(format!("tokenizing: {e}")))?
+}
+
 /// The prompt ids of a chat request.
 pub async fn prompt(
     sandbox: &Sandbox,

@@ -78,6 +78,14 @@ pub struct ServeArgs {
     /// Requests that may wait for the engine; more are refused as busy.
     #[arg(long, env = "GROVE_MAX_QUEUE", default_value_t = 16)]
     pub queue: usize,
+    /// Most sequences prefilling or decoding at once (continuous batching);
+    /// default 8 on the CPU backend, 32 on a GPU.
+    #[arg(long, env = "GROVE_NUM_PARALLEL", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub num_parallel: Option<u64>,
+    /// Most KV-cache tokens all sequences and the prompt cache hold together;
+    /// default what the memory budget allows.
+    #[arg(long, env = "GROVE_KV_CAPACITY", value_parser = clap::value_parser!(u64).range(2..))]
+    pub kv_capacity: Option<u64>,
     /// A system prompt to prefill into the prompt cache at start.
     #[arg(long)]
     pub prewarm_system: Option<String>,
@@ -237,6 +245,8 @@ fn run_serve(args: ServeArgs) -> Result<()> {
             context_length: args.context_length,
             prefill_chunk: args.prefill_chunk,
             queue: args.queue,
+            num_parallel: args.num_parallel.map(|n| n as usize),
+            kv_capacity: args.kv_capacity.map(|n| n as usize),
             cpu_dtypes: args.cpu_dtypes,
         },
         socket: args.socket,

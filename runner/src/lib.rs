@@ -4,7 +4,9 @@
 //! - [`cli`]: the `grove-runner` command line (`generate`, `serve`).
 //! - [`server`]: the `grove.runner.v1` gRPC service on a Unix socket;
 //!   [`request`] checks and converts its requests.
-//! - [`engine`]: the one thread that owns MLX, the model and the prompt cache.
+//! - [`engine`]: the one thread that owns MLX, the model and the prompt cache,
+//!   and runs every request in one continuously batched decode loop
+//!   (admission, interleaved prefill, per-request sampling and stops).
 //! - [`chat`]: chat requests rendered (in a sandbox process) and tokenized
 //!   before they reach the engine.
 //! - [`memory`]: KV capacity and MLX limits from measured memory.
@@ -14,8 +16,10 @@
 //!   per-backend dtype policy, layers and one file per architecture (llama,
 //!   mistral, qwen2, qwen3).
 //! - [`import`]: a GGUF file written out as an MLX model directory.
-//! - [`cache`]: per-layer KV buffers grown in 256-token steps.
-//! - [`generate`]: chunked prefill and the pipelined decode loop.
+//! - [`cache`]: per-layer KV buffers grown in 256-token steps, for one
+//!   sequence or a left-padded batch.
+//! - [`generate`]: one request alone: chunked prefill and the pipelined
+//!   decode loop (the `generate` command and the reference for the batch).
 //! - [`detokenize`]: streaming token ids to text pieces, as mlx-lm's
 //!   streaming detokenizers do.
 //! - [`stop`]: stop strings over streamed text, holding back possible prefixes.

@@ -8,7 +8,7 @@ use grove_proto::runner::v1 as pb;
 use tonic::Status;
 
 use crate::chat_template::{ChatRequest, Message, Role, ToolCall};
-use crate::engine::{Input, Job, SubmitError};
+use crate::engine::{Job, SubmitError};
 use crate::error::RunnerError;
 use crate::generate::GenerateParams;
 use crate::sample::SamplingOptions;
@@ -137,9 +137,10 @@ pub fn chat_request(chat: pb::Chat) -> Result<(ChatRequest, Option<String>), Sta
     Ok((request, name))
 }
 
-/// A request's prompt: ready for the engine, or a conversation to render.
+/// A request's prompt: ids, text to tokenize, or a conversation to render.
 pub enum Prompt {
-    Ready(Input),
+    Tokens(Vec<u32>),
+    Text(String),
     Chat(ChatRequest, Option<String>),
 }
 
@@ -147,8 +148,8 @@ pub enum Prompt {
 /// (with an empty prompt when it is a conversation still to render).
 pub fn job(req: pb::GenerateRequest, vocab: usize) -> Result<(Job, Prompt), Status> {
     let prompt = match req.input {
-        Some(pb::generate_request::Input::Prompt(text)) => Prompt::Ready(Input::Text(text)),
-        Some(pb::generate_request::Input::Tokens(list)) => Prompt::Ready(Input::Tokens(list.ids)),
+        Some(pb::generate_request::Input::Prompt(text)) => Prompt::Text(text),
+        Some(pb::generate_request::Input::Tokens(list)) => Prompt::Tokens(list.ids),
         Some(pb::generate_request::Input::Chat(chat)) => {
             let (request, template) = chat_request(chat)?;
             Prompt::Chat(request, template)
@@ -161,7 +162,7 @@ pub fn job(req: pb::GenerateRequest, vocab: usize) -> Result<(Job, Prompt), Stat
     }
     let defaults = GenerateParams::default();
     let job = Job {
-        input: Input::Tokens(Vec::new()),
+        input: Vec::new(),
         params: GenerateParams {
             max_tokens: defaults.max_tokens,
             prefill_chunk: match req.prefill_chunk {

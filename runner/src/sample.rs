@@ -198,6 +198,11 @@ impl Sampler {
         self.repetition.is_some() || self.presence.is_some() || self.frequency.is_some()
     }
 
+    /// True when some logits processor (a bias or a penalty) is on.
+    pub fn has_processors(&self) -> bool {
+        self.bias.is_some() || self.uses_history()
+    }
+
     /// Chooses the next token from `logits` (`[1, V]`, any float dtype).
     /// `history`: the ids so far (prompt + generated) for the penalties.
     /// Returns the id as a lazy `[1]` uint32 array.

@@ -17,7 +17,7 @@ use tonic::{Request, Response, Status};
 use crate::chat;
 use crate::chat_template::sandbox::Sandbox;
 use crate::chat_template::{ChatRequest, Message, Role};
-use crate::engine::{Activity, Engine, EngineConfig, Event, Input, LoadState, Snapshot};
+use crate::engine::{Activity, Engine, EngineConfig, Event, LoadState, Snapshot};
 use crate::generate::FinishReason;
 use crate::memory::MemorySource;
 use crate::model::Architecture;
@@ -193,15 +193,17 @@ fn status(s: &Snapshot) -> pb::StatusResponse {
         stored_dtype: dtype(f.dtypes.stored) as i32,
         promoted_to_float32: f.dtypes.promoted,
         gguf: f.gguf,
+        max_parallel: f.parallel as u32,
     });
     let m = &s.memory;
     let memory = pb::MemoryReport {
         weight_bytes: m.budget.map_or(0, |b| b.weight_bytes),
         kv_bytes: m.kv_bytes,
         cached_tokens: m.cached_tokens as u32,
-        kv_capacity_tokens: m
-            .budget
-            .map_or(0, |b| b.kv_capacity_tokens.min(u32::MAX as u64) as u32),
+        kv_capacity_tokens: s
+            .facts
+            .as_ref()
+            .map_or(0, |f| f.kv_capacity.min(u32::MAX as usize) as u32),
         mlx_active_bytes: m.mlx_active,
         mlx_cache_bytes: m.mlx_cache,
         mlx_peak_bytes: m.mlx_peak,
@@ -216,6 +218,10 @@ fn status(s: &Snapshot) -> pb::StatusResponse {
         health: Some(health(s)),
         model,
         memory: Some(memory),
+        batch: Some(pb::BatchReport {
+            active_sequences: s.active as u32,
+            waiting_sequences: s.waiting as u32,
+        }),
     }
 }
 
@@ -270,15 +276,20 @@ impl Runner for Service {
             .map_or(usize::MAX, |f| f.vocab_size);
         let (mut job, prompt) = job(req.into_inner(), vocab)?;
         job.input = match prompt {
-            Prompt::Ready(input) => input,
+            Prompt::Tokens(ids) => ids,
+            Prompt::Text(text) => {
+                let parts = self.engine.chat_parts().await.map_err(runner_status)?;
+                chat::encode_prompt(&parts, text)
+                    .await
+                    .map_err(runner_status)?
+            }
             Prompt::Chat(request, name) => {
                 // Rendered and tokenized here, never on the engine thread; a
                 // client that leaves drops this, which stops the sandbox.
                 let parts = self.engine.chat_parts().await.map_err(runner_status)?;
-                let ids = chat::prompt(&self.sandbox, &parts, &request, name.as_deref())
+                chat::prompt(&self.sandbox, &parts, &request, name.as_deref())
                     .await
-                    .map_err(runner_status)?;
-                Input::Tokens(ids)
+                    .map_err(runner_status)?
             }
         };
         let mut events = self.engine.generate(job).map_err(submit_status)?;

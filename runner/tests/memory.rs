@@ -12,6 +12,13 @@ use grove_runner::model;
 /// Most bytes MLX may hold beyond weights and KV buffers at a checkpoint.
 const SLACK: i64 = 64 * 1024;
 
+/// MLX's memory counters are per process: the tests take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn fixture(name: &str) -> PathBuf {
     let root = std::env::var_os("GROVE_FIXTURES")
         .map(PathBuf::from)
@@ -39,6 +46,7 @@ fn kv_bytes(caches: &[KvCache]) -> i64 {
 
 #[test]
 fn active_memory_is_weights_plus_kv_plus_a_constant() {
+    let _turn = alone();
     let model = model::load(&fixture("qwen3-f32")).expect("load");
     let weights = model.weight_bytes as i64;
     let eos: Vec<u32> = Vec::new(); // no EOS: every request runs to its limit
@@ -126,6 +134,121 @@ fn active_memory_is_weights_plus_kv_plus_a_constant() {
     eprintln!(
         "memory invariant: weights {weights} B; worst slack during steps {} B, after requests {:?} B",
         worst.get(),
+        (after.iter().min(), after.iter().max())
+    );
+}
+
+/// The same invariant under continuous batching: after every prefill chunk
+/// and decode step of the engine, MLX holds the weights, the KV buffers of
+/// the prompt cache, the batch and the prefilling sequences, and a small
+/// constant; after each of 50 rounds of 8 concurrent requests (joining and
+/// leaving at different steps) memory is back to weights + entry, flat.
+#[test]
+fn batched_memory_is_weights_plus_kv_plus_a_constant() {
+    let _turn = alone();
+    use grove_runner::engine::{Engine, EngineConfig, Event, Job, LoadState};
+    use std::sync::{Arc, Mutex};
+
+    let dir = fixture("qwen3-f32");
+    let weights = model::load(&dir).expect("load").weight_bytes as i64;
+    // (checks, worst slack) seen by the inspector on the engine thread.
+    let seen = Arc::new(Mutex::new((0usize, i64::MIN)));
+    let inspector = {
+        let seen = seen.clone();
+        Box::new(move |arrays: &[&mlx_rs::Array]| {
+            let kv: i64 = arrays.iter().map(|a| a.nbytes() as i64).sum();
+            let slack = settled_active() - weights - kv;
+            if let Ok(mut s) = seen.lock() {
+                s.0 += 1;
+                s.1 = s.1.max(slack);
+            }
+        })
+    };
+    let config = EngineConfig {
+        model_dir: dir,
+        context_length: None,
+        prefill_chunk: 64,
+        queue: 64,
+        num_parallel: Some(8),
+        kv_capacity: None,
+        cpu_dtypes: Default::default(),
+    };
+    let (engine, thread) = Engine::spawn_inspected(config, Some(inspector)).expect("spawn");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let job = |prompt: Vec<u32>, max_tokens: usize| Job {
+        input: prompt,
+        params: GenerateParams {
+            prefill_chunk: 64,
+            ..GenerateParams::default()
+        },
+        max_tokens,
+        num_ctx: 0,
+        stop: Vec::new(),
+    };
+    let mut after = Vec::new();
+    rt.block_on(async {
+        while engine.snapshot().state == LoadState::Loading {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        for round in 0..50u32 {
+            let mut streams = Vec::new();
+            for i in 0..8u32 {
+                let len = 10 + (round * 7 + i * 23) % 150;
+                let first = if (round + i) % 3 == 0 { 7 } else { 9 };
+                let prompt: Vec<u32> = std::iter::once(first)
+                    .chain((1..len).map(|k| 5 + (k * 17 + round + i) % 1000))
+                    .collect();
+                let max = 4 + ((round + i * 5) % 20) as usize;
+                streams.push(engine.generate(job(prompt, max)).expect("submit"));
+            }
+            for mut events in streams {
+                loop {
+                    match events.recv().await {
+                        Some(Event::Done { .. }) => break,
+                        Some(Event::Error(e)) => panic!("round {round}: {e}"),
+                        Some(_) => {}
+                        None => panic!("round {round}: the stream ended without Done"),
+                    }
+                }
+            }
+            // Idle again: the engine publishes settled figures before it waits.
+            let mut snap = engine.snapshot();
+            for _ in 0..2500 {
+                if snap.activity == grove_runner::engine::Activity::Idle {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                snap = engine.snapshot();
+            }
+            assert_eq!(snap.activity, grove_runner::engine::Activity::Idle);
+            let slack = snap.memory.mlx_active as i64 - weights - snap.memory.kv_bytes as i64;
+            assert!(
+                slack <= SLACK,
+                "round {round}: MLX holds {slack} bytes beyond weights and KV when idle"
+            );
+            after.push(slack);
+        }
+    });
+    engine.stop();
+    drop(engine);
+    thread.join().expect("engine thread");
+    let (checks, worst) = *seen.lock().expect("lock");
+    assert!(checks > 50 * 8, "only {checks} steps were inspected");
+    assert!(
+        worst <= SLACK,
+        "during a step MLX held {worst} bytes beyond weights and KV"
+    );
+    let first = after[..10].iter().max().copied().unwrap_or(0);
+    let last = after[40..].iter().max().copied().unwrap_or(0);
+    assert!(
+        last <= first,
+        "memory beyond weights + KV grew across rounds: {first} -> {last}"
+    );
+    eprintln!(
+        "batched memory invariant: {checks} steps, worst slack {worst} B; idle after rounds {:?} B",
         (after.iter().min(), after.iter().max())
     );
 }

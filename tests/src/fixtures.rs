@@ -78,6 +78,10 @@ pub struct Case {
     pub logits: Vec<f32>,
     /// mlx-lm's streamed text of `tokens`.
     pub text: String,
+    /// mlx-lm's BatchGenerator's ids for this prompt with every case's
+    /// prompt in one batch (EOS excluded).
+    #[serde(default)]
+    pub batch_tokens: Vec<u32>,
     /// For the chat case: the conversation mlx-lm rendered with the template.
     #[serde(default)]
     pub messages: Vec<ChatMessage>,

@@ -126,42 +126,48 @@ async fn cancelled_client_frees_the_runner() -> Result<()> {
     Ok(())
 }
 
-/// 32 concurrent clients on one model all complete; a small queue overflows
-/// with RESOURCE_EXHAUSTED at once.
+/// 64 concurrent clients on one model all complete, each with the text it
+/// gets alone; a small queue overflows with RESOURCE_EXHAUSTED at once.
 #[tokio::test]
 async fn concurrent_clients_and_queue_limit() -> Result<()> {
-    let (d, _c) = Daemon::start(&[]).await?;
+    // 64 clients at once get what each gets alone: the runner batches them.
+    let (d, mut c) = Daemon::start(&[]).await?;
     let m = model("llama-q4")?;
+    let say = |i: usize| chat(&m, &format!("client {i} says hello"), 8 + (i % 5) as u32);
+    let mut alone = Vec::new();
+    for i in 0..64 {
+        alone.push(finish(c.chat(say(i)).await?.into_inner()).await?.0);
+    }
     let mut tasks = Vec::new();
-    for i in 0..32 {
+    for i in 0..64 {
         let mut c = d.client().await?;
-        let m = m.clone();
+        let req = say(i);
         tasks.push(tokio::spawn(async move {
-            let r = c
-                .chat(chat(&m, &format!("client {i} says hello"), 8))
-                .await?;
+            let r = c.chat(req).await?;
             finish(r.into_inner()).await.map_err(anyhow::Error::from)
         }));
     }
-    let mut done = 0;
-    for t in tasks {
-        let (_, d) = t.await??;
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (text, d) = t.await??;
         ensure!(d.metrics.is_some());
-        done += 1;
+        ensure!(
+            text == alone[i],
+            "client {i}: {text:?} together, {:?} alone",
+            alone[i]
+        );
     }
-    ensure!(done == 32);
 
     let (d, mut c) = Daemon::start(&[("GROVE_MAX_QUEUE", "2")]).await?;
     let q = model("qwen3-f32")?;
     finish(c.chat(chat(&q, "warm up", 2)).await?.into_inner()).await?;
-    // One request runs, a second waits for the runner (its response only
-    // starts when its turn comes), so a third finds the queue of 2 full.
+    // Two requests run (the runner batches them), so a third finds the
+    // daemon's queue of 2 (running and waiting requests) full.
     let s1 = c.chat(chat(&q, ENDLESS, 0)).await?.into_inner();
     let mut c2 = d.client().await?;
     let q2 = q.clone();
     let waiting = tokio::spawn(async move { c2.chat(chat(&q2, ENDLESS, 0)).await });
     let queued = wait_until(
-        "second request queued",
+        "second request running",
         Duration::from_secs(5),
         async || {
             Ok(ps(&mut c)

@@ -10,7 +10,9 @@ use mlx_rs::ops::{concatenate, zeros_dtype};
 pub const STEP: i32 = 256;
 
 /// Keys and values of one attention layer, `[B, kv_heads, capacity, head_dim]`.
-#[derive(Default)]
+/// Cloning shares the buffers until either side writes (MLX arrays are
+/// immutable; an update makes a new buffer when the old one is shared).
+#[derive(Default, Clone)]
 pub struct KvCache {
     keys: Option<Array>,
     values: Option<Array>,
@@ -23,9 +25,23 @@ impl KvCache {
         Self::default()
     }
 
+    /// A cache over existing buffers (`[B, H, capacity, D]`) holding `offset` tokens.
+    pub fn from_buffers(keys: Array, values: Array, offset: i32) -> Self {
+        Self {
+            keys: Some(keys),
+            values: Some(values),
+            offset,
+        }
+    }
+
     /// Tokens held.
     pub fn offset(&self) -> i32 {
         self.offset
+    }
+
+    /// The whole buffers (capacity, not just the `offset` tokens held), if any.
+    pub fn buffers(&self) -> Option<(&Array, &Array)> {
+        Some((self.keys.as_ref()?, self.values.as_ref()?))
     }
 
     /// Appends `keys`/`values` (`[B, H, L, D]`) and returns everything held so far.

@@ -1,7 +1,84 @@
-//! KV caches: the per-layer growable buffer ([`kv::KvCache`]) and the sliding-window
-//! one ([`rotating::RotatingKvCache`]).
+//! KV caches: the per-layer growable buffer of one sequence ([`kv::KvCache`]),
+//! the left-padded buffer of a decode batch ([`batch::BatchKvCache`], mlx-lm's
+//! `BatchKVCache`), and the sliding-window one ([`rotating::RotatingKvCache`]).
+//! Attention reads any of them through [`LayerCache`].
+pub mod batch;
 pub mod kv;
 pub mod rotating;
 
+use mlx_rs::Array;
+use mlx_rs::error::Exception;
+use mlx_rs::fast::ScaledDotProductAttentionMask;
+
+pub use batch::BatchKvCache;
 pub use kv::KvCache;
 pub use rotating::RotatingKvCache;
+
+/// The attention mask for the next chunk.
+#[derive(Debug, Clone)]
+pub enum AttentionMask {
+    /// No mask: every query sees every key (a single token).
+    None,
+    /// Plain causal masking within the chunk.
+    Causal,
+    /// A boolean mask (true = attend), broadcast against `[B, H, N, keys]`.
+    Array(Array),
+}
+
+impl AttentionMask {
+    /// The mask as `scaled_dot_product_attention` takes it.
+    pub fn as_sdpa(&self) -> Option<ScaledDotProductAttentionMask<'_>> {
+        match self {
+            AttentionMask::None => None,
+            AttentionMask::Causal => Some(ScaledDotProductAttentionMask::Causal),
+            AttentionMask::Array(mask) => Some(ScaledDotProductAttentionMask::Array(mask)),
+        }
+    }
+}
+
+/// The positions of the tokens a forward pass adds, for the rotary embedding.
+#[derive(Debug, Clone)]
+pub enum Positions {
+    /// Every sequence continues at the same position.
+    Uniform(i32),
+    /// One starting position per sequence (`[B]` int32), for a batch whose
+    /// sequences have different lengths.
+    PerRow(Array),
+}
+
+/// What attention needs from a layer's cache: where the new tokens sit, what
+/// they may see, and the keys and values with them appended.
+pub trait LayerCache {
+    /// The rotary positions of the next tokens.
+    fn positions(&self) -> Result<Positions, Exception>;
+    /// The mask for the next `n` tokens, taken before they are appended.
+    fn mask(&self, n: i32) -> Result<AttentionMask, Exception>;
+    /// Appends `keys`/`values` (`[B, H, L, D]`) and returns all the layer holds.
+    fn update_and_fetch(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<(Array, Array), Exception>;
+}
+
+impl LayerCache for KvCache {
+    fn positions(&self) -> Result<Positions, Exception> {
+        Ok(Positions::Uniform(self.offset()))
+    }
+
+    fn mask(&self, n: i32) -> Result<AttentionMask, Exception> {
+        Ok(if n > 1 {
+            AttentionMask::Causal
+        } else {
+            AttentionMask::None
+        })
+    }
+
+    fn update_and_fetch(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<(Array, Array), Exception> {
+        KvCache::update_and_fetch(self, keys, values)
+    }
+}

@@ -10,34 +10,15 @@
 //! gives the mask that matches them.
 use mlx_rs::Array;
 use mlx_rs::error::Exception;
-use mlx_rs::fast::ScaledDotProductAttentionMask;
 use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
 use mlx_rs::ops::{concatenate, zeros_dtype};
 
 /// Tokens added per growth step of the in-place path (mlx-lm's `RotatingKVCache.step`).
 pub const STEP: i32 = 256;
 
-/// The attention mask for the next chunk, as mlx-lm's `make_mask` returns it.
-#[derive(Debug, Clone)]
-pub enum WindowMask {
-    /// No mask (Python `None`).
-    None,
-    /// Plain causal masking (Python `"causal"`).
-    Causal,
-    /// A boolean mask: `[N, offset + N]` for a chunk, `[mask_size]` for one token.
-    Array(Array),
-}
-
-impl WindowMask {
-    /// The mask as `scaled_dot_product_attention` takes it.
-    pub fn as_sdpa(&self) -> Option<ScaledDotProductAttentionMask<'_>> {
-        match self {
-            WindowMask::None => None,
-            WindowMask::Causal => Some(ScaledDotProductAttentionMask::Causal),
-            WindowMask::Array(mask) => Some(ScaledDotProductAttentionMask::Array(mask)),
-        }
-    }
-}
+/// The attention mask for the next chunk, as mlx-lm's `make_mask` returns it
+/// (a boolean array is `[N, offset + N]` for a chunk, `[mask_size]` for one token).
+pub type WindowMask = super::AttentionMask;
 
 /// Keys and values of one sliding-window attention layer, `[B, kv_heads, T, head_dim]`
 /// with `T` at most `max_size` between single-token steps (`max_size - 1 + L` right
@@ -534,7 +515,7 @@ mod tests {
         assert!(matches!(cache.make_mask(4).unwrap(), WindowMask::Causal));
         assert!(matches!(
             cache.make_mask(9).unwrap().as_sdpa(),
-            Some(ScaledDotProductAttentionMask::Array(_))
+            Some(mlx_rs::fast::ScaledDotProductAttentionMask::Array(_))
         ));
         assert_eq!(cache.nbytes(), 0);
     }

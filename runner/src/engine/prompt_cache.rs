@@ -48,6 +48,49 @@ impl PromptCache {
         keep
     }
 
+    /// The entry's longest common prefix with `prompt` (by content, at most
+    /// `prompt.len() - 1` tokens) as caches of a new sequence's own: they
+    /// share the entry's buffers until the sequence writes, when MLX copies,
+    /// so the entry stays whole for the next request. Returns the tokens
+    /// reused and the caches.
+    pub fn share_prefix(&self, prompt: &[u32]) -> (usize, Vec<KvCache>) {
+        let common = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let keep = common.min(prompt.len().saturating_sub(1));
+        if keep == 0 {
+            return (0, (0..self.layers.len()).map(|_| KvCache::new()).collect());
+        }
+        let caches = self
+            .layers
+            .iter()
+            .map(|layer| {
+                let mut shared = layer.clone();
+                shared.trim(shared.offset() - keep as i32);
+                shared
+            })
+            .collect();
+        (keep, caches)
+    }
+
+    /// Makes `caches` the entry, holding `tokens` (of which the caches may
+    /// hold fewer: only what they hold is recorded).
+    pub fn replace(&mut self, tokens: Vec<u32>, caches: Vec<KvCache>) {
+        debug_assert_eq!(caches.len(), self.layers.len());
+        self.layers = caches;
+        self.tokens = tokens;
+        let held = self.layers.first().map_or(0, |l| l.offset()) as usize;
+        self.truncate(held);
+    }
+
+    /// The buffers, for inspection.
+    pub fn arrays(&self) -> impl Iterator<Item = &mlx_rs::Array> {
+        self.layers.iter().flat_map(KvCache::arrays)
+    }
+
     /// Keeps only the first `n` tokens.
     pub fn truncate(&mut self, n: usize) {
         let n = n.min(self.tokens.len());
@@ -119,6 +162,23 @@ mod tests {
         // A different first token is a miss, whatever the length.
         assert_eq!(c.reuse_for(&[9, 2, 3, 4, 5, 6]), 0);
         assert_eq!(c.len(), 0);
+    }
+
+    #[test]
+    fn shared_prefix_leaves_the_entry_whole() {
+        let mut c = PromptCache::new(2);
+        fill(&mut c, &[1, 2, 3, 4, 5]);
+        let (n, mut caches) = c.share_prefix(&[1, 2, 3, 9]);
+        assert_eq!(n, 3);
+        assert_eq!(caches[0].offset(), 3);
+        let kv = Array::from_slice(&[9.0f32; 4], &[1, 1, 1, 4]);
+        caches[0].update_and_fetch(&kv, &kv).unwrap();
+        assert_eq!(c.len(), 5);
+        assert_eq!(c.layers_mut()[0].offset(), 5);
+        let (n, caches) = c.share_prefix(&[8, 1]);
+        assert_eq!((n, caches[0].offset(), caches.len()), (0, 0, 2));
+        c.replace(vec![4, 4, 4], caches);
+        assert_eq!(c.len(), 0, "only what the caches hold is recorded");
     }
 
     #[test]

@@ -2,12 +2,12 @@
 //! (Qwen2) and optional per-head q/k RMS norms (Qwen3).
 use mlx_rs::Array;
 use mlx_rs::error::Exception;
-use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::fast;
 
 use super::linear::Linear;
 use super::norm::RmsNorm;
 use super::rope::Rope;
-use crate::cache::KvCache;
+use crate::cache::{AttentionMask, LayerCache};
 use crate::error::Result;
 use crate::model::config::Quantization;
 use crate::model::weights::Weights;
@@ -96,12 +96,13 @@ impl Attention {
         })
     }
 
-    /// Attends `x` (`[B, L, hidden]`) over the cache plus itself.
+    /// Attends `x` (`[B, L, hidden]`) over the cache plus itself, under `mask`
+    /// (taken from the cache before this forward pass).
     pub fn forward(
         &self,
         x: &Array,
-        cache: &mut KvCache,
-        causal: bool,
+        cache: &mut impl LayerCache,
+        mask: &AttentionMask,
     ) -> Result<Array, Exception> {
         let (b, l) = (x.dim(0), x.dim(1));
         let s = &self.shape;
@@ -117,14 +118,13 @@ impl Attention {
         let q = q.transpose_axes(&[0, 2, 1, 3])?;
         let k = k.transpose_axes(&[0, 2, 1, 3])?;
         let v = v.transpose_axes(&[0, 2, 1, 3])?;
-        // 3. Rotate at the cache's position and append to the cache.
-        let offset = cache.offset();
-        let q = self.rope.forward(&q, offset)?;
-        let k = self.rope.forward(&k, offset)?;
+        // 3. Rotate at the cache's positions and append to the cache.
+        let positions = cache.positions()?;
+        let q = self.rope.forward_at(&q, &positions)?;
+        let k = self.rope.forward_at(&k, &positions)?;
         let (k, v) = cache.update_and_fetch(&k, &v)?;
-        // 4. Attention (causal within a multi-token chunk; a single token sees all).
-        let mask = causal.then_some(ScaledDotProductAttentionMask::Causal);
-        let out = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask, None)?;
+        // 4. Attention under the mask (causal within a chunk, padding hidden in a batch).
+        let out = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.as_sdpa(), None)?;
         // 5. Merge heads and project out.
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o.forward(&out)

@@ -11,7 +11,7 @@ use super::linear::Linear;
 use super::mlp::Mlp;
 use super::norm::RmsNorm;
 use super::rope::{Rope, RopeScalingConfig};
-use crate::cache::KvCache;
+use crate::cache::LayerCache;
 use crate::error::Result;
 use crate::model::config::{Quantization, config_error};
 use crate::model::weights::Weights;
@@ -162,18 +162,27 @@ impl Decoder {
         self.blocks.len()
     }
 
-    /// Runs `tokens` (`[B, L]` int32) through every block, appending to `caches`,
-    /// and returns the final normalised hidden states `[B, L, hidden]`.
-    pub fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array, Exception> {
+    /// Runs `tokens` (`[B, L]` int32) through every block, appending to `caches`
+    /// (one per layer: a sequence's, or a batch's), and returns the final
+    /// normalised hidden states `[B, L, hidden]`.
+    pub fn forward<C: LayerCache>(
+        &self,
+        tokens: &Array,
+        caches: &mut [C],
+    ) -> Result<Array, Exception> {
         // 1. Embed the tokens.
         let mut h = self.embed.forward(tokens)?;
-        // 2. A chunk of several tokens attends causally; a single token sees the cache.
-        let causal = tokens.dim(1) > 1;
+        // 2. One mask for every layer: causal within a chunk, a single token
+        //    sees the cache, a batch hides each row's padding.
+        let mask = match caches.first() {
+            Some(c) => c.mask(tokens.dim(1))?,
+            None => return Err(Exception::custom("no caches")),
+        };
         // 3. Each block: h += attention(norm(h)); h += mlp(norm(h)).
         for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
             let r = block
                 .attention
-                .forward(&block.input_norm.forward(&h)?, cache, causal)?;
+                .forward(&block.input_norm.forward(&h)?, cache, &mask)?;
             let h1 = h.add(&r)?;
             let r = block.mlp.forward(&block.post_norm.forward(&h1)?)?;
             h = h1.add(&r)?;

@@ -7,6 +7,7 @@ use mlx_rs::ops::{arange, select};
 use mlx_rs::{Array, fast};
 use serde::Deserialize;
 
+use crate::cache::Positions;
 use crate::error::Result;
 use crate::model::config::config_error;
 
@@ -148,6 +149,23 @@ impl Rope {
             },
         };
         Ok(rope)
+    }
+
+    /// Applies the rotation to `x` (`[B, heads, L, head_dim]`) at `positions`
+    /// (one start for all rows, or one per row).
+    pub fn forward_at(&self, x: &Array, positions: &Positions) -> Result<Array, Exception> {
+        match positions {
+            Positions::Uniform(offset) => self.forward(x, *offset),
+            Positions::PerRow(offsets) => fast::rope_dynamic(
+                x,
+                self.dims,
+                self.traditional,
+                self.base,
+                self.scale,
+                offsets,
+                self.freqs.as_ref(),
+            ),
+        }
     }
 
     /// Applies the rotation to `x` (`[B, heads, L, head_dim]`) at position `offset`.

@@ -1,0 +1,205 @@
+//! Admission: which waiting requests start, and how a request becomes a
+//! sequence.
+//!
+//! Requests start oldest first while the batch has a free slot (at most
+//! `parallel` sequences) and their KV fits: the tokens every active sequence
+//! may come to hold, padded to the longest (a batch's rows share one length),
+//! plus the prompt-cache entry, must stay within the KV capacity. When only
+//! the entry is in the way it is dropped; otherwise the request waits until a
+//! sequence leaves. A request alone always fits (its context is at most the
+//! capacity). A new sequence starts from the entry's common prefix.
+use super::sequence::{Client, Pending, Sequence, Spec};
+use super::worker::{Loaded, Prefilling, State, Worker};
+use super::{Event, Job, Request};
+use crate::error::{Result, RunnerError};
+use crate::sample::Sampler;
+
+pub(super) fn refuse(request: Request, error: impl Fn() -> RunnerError) {
+    match request {
+        Request::Generate { events, .. } => drop(events.try_send(Event::Error(error()))),
+        Request::Prewarm { reply, .. } => drop(reply.send(Err(error()))),
+        Request::Stop => {}
+    }
+}
+
+impl Worker {
+    /// Tokens the active sequences' KV may take with one more of `reserve`
+    /// tokens: a batch pads every row to the longest one. (A sequence that
+    /// fills its context holds one token more, the last one fed: within the
+    /// 256-token growth step, not counted.)
+    fn footprint(s: &State, reserve: usize, context: usize) -> usize {
+        let longest = s
+            .prefilling
+            .iter()
+            .map(|p| p.sequence.reserved())
+            .chain(s.batch.rows().iter().map(Sequence::reserved))
+            .map(|r| r.min(context))
+            .fold(reserve, usize::max);
+        longest * (s.active() + 1)
+    }
+
+    /// Moves waiting requests into prefill, oldest first, while they fit.
+    pub(super) fn admit(&self, l: &mut Loaded, s: &mut State) {
+        while let Some(request) = s.waiting.front() {
+            if s.active() >= l.parallel {
+                return;
+            }
+            let reserve = match request {
+                Request::Generate { job, .. } => self.reserve(l, job),
+                Request::Prewarm { prompt, .. } => prompt.len(),
+                Request::Stop => 0,
+            };
+            let fits = |s: &State, entry: usize| {
+                Self::footprint(s, reserve, l.context) + entry <= l.capacity
+            };
+            if !fits(s, l.cache.len()) {
+                if !fits(s, 0) && s.active() > 0 {
+                    return; // Waits for room.
+                }
+                // The prompt cache entry is what is in the way: it goes
+                // (sequences that started from it keep their own copies).
+                l.cache.clear();
+            }
+            let Some(request) = s.waiting.pop_front() else {
+                return;
+            };
+            if !fits(s, l.cache.len()) {
+                refuse(request, || {
+                    RunnerError::Request(format!(
+                        "the request needs {reserve} tokens of KV cache; the runner holds {}",
+                        l.capacity
+                    ))
+                });
+                continue;
+            }
+            match self.start(l, request) {
+                Ok(Some(p)) => s.prefilling.push_back(p),
+                Ok(None) => {}
+                Err((client, e)) => drop(fail(client, e)),
+            }
+        }
+    }
+
+    /// Tokens a job may come to hold (prompt + generation, within its context).
+    fn reserve(&self, l: &Loaded, job: &Job) -> usize {
+        let context = match job.num_ctx {
+            0 => l.context,
+            n => n.min(l.context),
+        };
+        let max = if job.max_tokens == 0 {
+            usize::MAX
+        } else {
+            job.max_tokens
+        };
+        job.input.len().saturating_add(max).min(context)
+    }
+
+    /// Checks a request and makes its sequence, starting from the prompt
+    /// cache's common prefix. `Ok(None)`: the client already left.
+    #[allow(clippy::result_large_err)]
+    fn start(
+        &self,
+        l: &Loaded,
+        request: Request,
+    ) -> std::result::Result<Option<Prefilling>, (Client, RunnerError)> {
+        let (client, prompt, job) = match request {
+            Request::Generate { job, events } => {
+                let prompt = job.input.clone();
+                (Client::Generate(events), prompt, Some(job))
+            }
+            Request::Prewarm { prompt, reply } => (Client::Prewarm(reply), prompt, None),
+            Request::Stop => return Ok(None),
+        };
+        let context = match job.as_ref().map_or(0, |j| j.num_ctx) {
+            0 => l.context,
+            n => n.min(l.context),
+        };
+        let checked = check_prompt(&prompt, context, l.model.spec.vocab as u32, job.is_none());
+        if let Err(e) = checked {
+            return Err((client, e));
+        }
+        let (sampler, chunk, max_tokens, stops) = match &job {
+            Some(job) => {
+                let sampler = match Sampler::new(&job.params.sampling, l.model.spec.vocab as usize)
+                {
+                    Ok(s) => s,
+                    Err(e) => return Err((client, e)),
+                };
+                if job.params.prefill_chunk == 0 {
+                    let e = RunnerError::Request("prefill chunk must be at least 1 token".into());
+                    return Err((client, e));
+                }
+                let max = if job.max_tokens == 0 {
+                    usize::MAX
+                } else {
+                    job.max_tokens
+                };
+                // Generation may fill the context: the limit is what is left.
+                let max = max.min(context - prompt.len() + 1);
+                (sampler, job.params.prefill_chunk, max, job.stop.clone())
+            }
+            None => {
+                let sampler = match Sampler::new(&Default::default(), 1) {
+                    Ok(s) => s,
+                    Err(e) => return Err((client, e)),
+                };
+                (sampler, self.config.prefill_chunk, 0, Vec::new())
+            }
+        };
+        if let Client::Generate(events) = &client
+            && events.try_send(Event::Started).is_err()
+        {
+            return Ok(None);
+        }
+        let (cached, caches) = l.cache.share_prefix(&prompt);
+        let spec = Spec {
+            client,
+            prompt,
+            cached,
+            chunk,
+            max_tokens,
+            sampler,
+            eos: l.eos.clone(),
+            table: l.table.clone(),
+            stops,
+        };
+        match Sequence::new(spec) {
+            Ok(sequence) => Ok(Some(Prefilling { sequence, caches })),
+            // Only an empty stop string can fail here, and the request layer
+            // refuses those first.
+            Err(_) => Ok(None),
+        }
+    }
+}
+
+fn fail(client: Client, e: RunnerError) -> Option<Pending> {
+    match client {
+        Client::Generate(events) => drop(events.try_send(Event::Error(e))),
+        Client::Prewarm(reply) => drop(reply.send(Err(e))),
+    }
+    None
+}
+
+/// The checks every prompt passes before it reaches the model.
+fn check_prompt(prompt: &[u32], context: usize, vocab: u32, prewarm: bool) -> Result<()> {
+    let what = if prewarm {
+        "the system prompt"
+    } else {
+        "the prompt"
+    };
+    if prompt.is_empty() {
+        return Err(RunnerError::Request(format!("{what} is empty")));
+    }
+    if prompt.len() > context {
+        return Err(RunnerError::Request(format!(
+            "{what} has {} tokens, more than the context length of {context}",
+            prompt.len()
+        )));
+    }
+    if let Some(bad) = prompt.iter().find(|&&t| t >= vocab) {
+        return Err(RunnerError::Request(format!(
+            "prompt token id {bad} is outside the model's vocabulary of {vocab}"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,243 @@
+//! The decode batch: every sequence past its prefill advances by one token in
+//! one forward pass per step (`[B, 1]` tokens over the layers'
+//! [`BatchKvCache`]s). Steps are pipelined as mlx-lm's `GenerationBatch`:
+//! step n + 1 is dispatched before step n's tokens are read back, so the
+//! device never waits for the host. Sequences join between steps (their
+//! prefilled cache appended, their first token added to the input) and leave
+//! as soon as their token says so (their rows filtered out of the caches and
+//! of the step already in flight).
+use mlx_rs::ops::concatenate;
+use mlx_rs::ops::indexing::{TryIndexOp, argmax_axis};
+use mlx_rs::transforms::{async_eval, eval};
+use mlx_rs::{Array, Dtype};
+
+use super::sequence::{Progress, Sequence};
+use crate::cache::{BatchKvCache, KvCache};
+use crate::error::{MlxPhase, Result};
+use crate::generate::FinishReason;
+use crate::model::Model;
+
+/// A sequence that left the batch, with how it ended.
+pub struct Left {
+    pub sequence: Sequence,
+    pub outcome: Progress,
+    /// Its KV (prompt and the generated tokens that are text), when it ended
+    /// normally: a candidate for the prompt cache.
+    pub cache: Option<Vec<KvCache>>,
+}
+
+/// The running batch.
+pub struct Batch {
+    layers: Vec<BatchKvCache>,
+    rows: Vec<Sequence>,
+    /// The tokens to feed next, `[B]` uint32: each row's last sampled token,
+    /// not yet fed and not yet read back.
+    next: Option<Array>,
+}
+
+impl Batch {
+    /// An empty batch for a model of `layers` layers.
+    pub fn new(layers: usize) -> Self {
+        Self {
+            layers: (0..layers).map(|_| BatchKvCache::new()).collect(),
+            rows: Vec::new(),
+            next: None,
+        }
+    }
+
+    /// Sequences decoding.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// True when nothing decodes.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The sequences, in row order.
+    pub fn rows(&self) -> &[Sequence] {
+        &self.rows
+    }
+
+    /// Bytes of the layers' buffers.
+    pub fn nbytes(&self) -> usize {
+        self.layers.iter().map(BatchKvCache::nbytes).sum()
+    }
+
+    /// The arrays that survive a step: the caches and the tokens in flight.
+    pub fn arrays(&self) -> impl Iterator<Item = &Array> {
+        self.layers
+            .iter()
+            .flat_map(BatchKvCache::arrays)
+            .chain(self.next.iter())
+    }
+
+    /// Adds a prefilled sequence: its caches (one per layer) and its next
+    /// input: its first sampled token (`[1]`, maybe not evaluated yet), or
+    /// with `None` its last prompt token, whose logits the next step samples
+    /// the first token from.
+    pub fn join(
+        &mut self,
+        mut sequence: Sequence,
+        caches: Vec<KvCache>,
+        first: Option<Array>,
+    ) -> Result<()> {
+        for (layer, cache) in self.layers.iter_mut().zip(&caches) {
+            layer.extend_from(cache).phase("joining the batch")?;
+        }
+        drop(caches);
+        let first = match first {
+            Some(first) => first.reshape(&[1]).phase("joining the batch")?,
+            None => {
+                sequence.feed_prompt_tail();
+                let last = sequence.prompt.len() - 1;
+                Array::from_slice(&sequence.prompt[last..], &[1])
+            }
+        };
+        self.next = Some(match self.next.take() {
+            Some(next) => concatenate(&[next, first], 0).phase("joining the batch")?,
+            None => first,
+        });
+        self.rows.push(sequence);
+        Ok(())
+    }
+
+    /// One decode step: feeds every row's pending token, dispatches the next,
+    /// reads the pending tokens back and hands them to their sequences.
+    /// Returns the sequences that left.
+    pub fn step(&mut self, model: &Model) -> Result<Vec<Left>> {
+        let Some(y) = self.next.take() else {
+            return Ok(Vec::new());
+        };
+        let b = self.rows.len() as i32;
+        // 1. Forward the pending tokens; logits of the one position, [B, V].
+        let inputs = y.reshape(&[b, 1]).phase("decode")?;
+        let hidden = model
+            .decoder
+            .forward(&inputs, &mut self.layers)
+            .phase("decode")?;
+        let last = hidden.try_index((.., -1, ..)).phase("decode")?;
+        let logits = model.decoder.logits(&last).phase("decode")?;
+        // 2. Sample every row: one argmax when all are plain greedy, else
+        //    each row with its own sampler (its seed, its penalties).
+        let plain = self
+            .rows
+            .iter()
+            .all(|r| r.sampler.is_greedy() && !r.sampler.has_processors());
+        let next = if plain {
+            argmax_axis(
+                logits
+                    .subtract(logits.logsumexp_axis(-1, true).phase("decode")?)
+                    .phase("decode")?,
+                -1,
+                None,
+            )
+            .phase("decode")?
+            .as_dtype(Dtype::Uint32)
+            .phase("decode")?
+        } else {
+            let mut picked = Vec::with_capacity(self.rows.len());
+            for (i, row) in self.rows.iter_mut().enumerate() {
+                let i = i as i32;
+                let row_logits = logits.try_index(i..i + 1).phase("decode")?;
+                let pending = y.try_index(i..i + 1).phase("decode")?;
+                picked.push(
+                    row.sampler
+                        .sample_after(&row_logits, &row.history, Some(&pending))?
+                        .reshape(&[1])
+                        .phase("decode")?,
+                );
+            }
+            concatenate(&picked, 0).phase("decode")?
+        };
+        async_eval([&next]).phase("decode")?;
+        // 3. Read the pending tokens back (the next step is already running).
+        eval([&y]).phase("decode")?;
+        let tokens: Vec<u32> = y.as_slice::<u32>().to_vec();
+        let mut outcomes = Vec::with_capacity(self.rows.len());
+        for (row, &token) in self.rows.iter_mut().zip(&tokens) {
+            let mut outcome = row.on_fed(token);
+            if outcome == Progress::Continue && row.gone() {
+                outcome = Progress::Gone;
+            }
+            outcomes.push(outcome);
+        }
+        // 4. Rows that ended leave, from the caches and from the step in flight.
+        if outcomes.iter().all(|o| *o == Progress::Continue) {
+            self.next = Some(next);
+            return Ok(Vec::new());
+        }
+        let mut left = Vec::new();
+        let mut keep = Vec::new();
+        for (i, outcome) in outcomes.iter().enumerate() {
+            match outcome {
+                Progress::Continue => keep.push(i),
+                Progress::Finished(_) => {
+                    let row = &self.rows[i];
+                    // The cache holds the prompt and every token fed; a fed
+                    // EOS is not text and is not kept.
+                    let held = (row.prompt.len() + row.fed.min(row.tokens.len())) as i32;
+                    let mut caches = Vec::with_capacity(self.layers.len());
+                    for layer in &self.layers {
+                        caches.push(layer.extract(i, held).phase("leaving the batch")?);
+                    }
+                    // Copied as soon as the step in flight is done:
+                    // unevaluated, the copies would keep the whole batch
+                    // buffers alive through their graph.
+                    async_eval(caches.iter().flat_map(KvCache::arrays))
+                        .phase("leaving the batch")?;
+                    left.push((i, Some(caches)));
+                }
+                Progress::Gone => left.push((i, None)),
+            }
+        }
+        for layer in &mut self.layers {
+            layer.filter(&keep).phase("leaving the batch")?;
+        }
+        // Likewise the compacted buffers, so the old ones go.
+        async_eval(self.layers.iter().flat_map(BatchKvCache::arrays)).phase("leaving the batch")?;
+        let keep_rows = Array::from_slice(
+            &keep.iter().map(|&i| i as i32).collect::<Vec<_>>(),
+            &[keep.len() as i32],
+        );
+        self.next = if keep.is_empty() {
+            None
+        } else {
+            Some(next.take_axis(&keep_rows, 0).phase("leaving the batch")?)
+        };
+        let mut rows: Vec<Option<Sequence>> = std::mem::take(&mut self.rows)
+            .into_iter()
+            .map(Some)
+            .collect();
+        let mut out = Vec::new();
+        for (i, cache) in left {
+            if let Some(sequence) = rows[i].take() {
+                out.push(Left {
+                    sequence,
+                    outcome: outcomes[i],
+                    cache,
+                });
+            }
+        }
+        self.rows = rows.into_iter().flatten().collect();
+        Ok(out)
+    }
+
+    /// Empties the batch; the sequences are returned to be failed or ended.
+    pub fn drain(&mut self) -> Vec<Sequence> {
+        for layer in &mut self.layers {
+            *layer = BatchKvCache::new();
+        }
+        self.next = None;
+        std::mem::take(&mut self.rows)
+    }
+}
+
+/// Why a sequence that left ended, for its Done message.
+pub fn reason(outcome: Progress) -> FinishReason {
+    match outcome {
+        Progress::Finished(r) => r,
+        Progress::Continue | Progress::Gone => FinishReason::Cancelled,
+    }
+}

@@ -1,0 +1,324 @@
+//! One request in the engine: its prompt, sampler, limits, streaming text
+//! (detokenizer and stop strings), timings, and the channel its events go to.
+//! Everything here is per request, so a request in a batch behaves as it
+//! would alone: its own seed, penalties over its own history, its own stops.
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mlx_rs::Array;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Event, Metrics, Prewarmed};
+use crate::detokenize::{Detokenizer, TokenTable};
+use crate::error::{Result, RunnerError};
+use crate::generate::FinishReason;
+use crate::sample::Sampler;
+use crate::stop::StopMatcher;
+
+/// Who is waiting for the sequence.
+pub enum Client {
+    /// A generation: its events stream back.
+    Generate(mpsc::Sender<Event>),
+    /// A prewarm: the prompt goes into the prompt cache, then one reply.
+    Prewarm(oneshot::Sender<Result<Prewarmed>>),
+}
+
+/// What a token did to its sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    Continue,
+    /// The sequence ended (EOS, a stop string, the token limit or the context).
+    Finished(FinishReason),
+    /// The client went away.
+    Gone,
+}
+
+/// One request's state.
+pub struct Sequence {
+    client: Client,
+    pub prompt: Vec<u32>,
+    /// Prompt tokens reused from the prompt cache.
+    pub cached: usize,
+    /// Prompt tokens evaluated into its cache so far (prefill progress).
+    pub prefilled: usize,
+    /// Tokens per prefill forward pass.
+    pub chunk: usize,
+    /// Most tokens to generate (already capped by the context).
+    pub max_tokens: usize,
+    pub sampler: Sampler,
+    /// Prompt and generated ids, for the penalties (empty when none is on).
+    pub history: Vec<u32>,
+    eos: Arc<[u32]>,
+    detokenizer: Detokenizer,
+    stops: StopMatcher,
+    /// Generated ids read back (EOS excluded).
+    pub tokens: Vec<u32>,
+    /// Generated ids fed back into the KV cache.
+    pub fed: usize,
+    started: Instant,
+    first_at: Option<Instant>,
+    /// The batch's next input for this sequence is its last prompt token
+    /// (it joined with it), not a generated one.
+    prompt_pending: bool,
+    /// Text waiting for a client that reads slowly (never blocks the batch).
+    outbox: String,
+    stopped_by_string: bool,
+}
+
+/// Everything a sequence needs to be made.
+pub struct Spec {
+    pub client: Client,
+    pub prompt: Vec<u32>,
+    pub cached: usize,
+    pub chunk: usize,
+    pub max_tokens: usize,
+    pub sampler: Sampler,
+    pub eos: Arc<[u32]>,
+    pub table: Arc<TokenTable>,
+    pub stops: Vec<String>,
+}
+
+impl Sequence {
+    /// A sequence whose first `cached` prompt tokens are already in its cache.
+    pub fn new(spec: Spec) -> Result<Self> {
+        let history = if spec.sampler.uses_history() {
+            spec.prompt.clone()
+        } else {
+            Vec::new()
+        };
+        Ok(Self {
+            client: spec.client,
+            cached: spec.cached,
+            prefilled: spec.cached,
+            chunk: spec.chunk.max(1),
+            max_tokens: spec.max_tokens,
+            sampler: spec.sampler,
+            history,
+            eos: spec.eos,
+            detokenizer: Detokenizer::with_table(spec.table),
+            stops: StopMatcher::new(spec.stops)?,
+            tokens: Vec::new(),
+            fed: 0,
+            started: Instant::now(),
+            first_at: None,
+            prompt_pending: false,
+            outbox: String::new(),
+            stopped_by_string: false,
+            prompt: spec.prompt,
+        })
+    }
+
+    /// Whether this is a prewarm (prefill only, into the prompt cache).
+    pub fn is_prewarm(&self) -> bool {
+        matches!(self.client, Client::Prewarm(_))
+    }
+
+    /// Whether the client has gone away.
+    pub fn gone(&self) -> bool {
+        match &self.client {
+            Client::Generate(events) => events.is_closed(),
+            Client::Prewarm(reply) => reply.is_closed(),
+        }
+    }
+
+    /// Prompt tokens still to evaluate in chunks: all but the last one, whose
+    /// logits give the first token (a prewarm samples nothing: all of them).
+    pub fn left_to_prefill(&self) -> usize {
+        let chunked = if self.is_prewarm() {
+            self.prompt.len()
+        } else {
+            self.prompt.len() - 1
+        };
+        chunked - self.prefilled.min(chunked)
+    }
+
+    /// Tokens the sequence may come to hold: prompt and generation.
+    pub fn reserved(&self) -> usize {
+        self.prompt.len().saturating_add(self.max_tokens)
+    }
+
+    /// Samples the first token from the last prompt position's logits.
+    pub fn first_token(&mut self, logits: &Array) -> Result<Array> {
+        self.sampler.sample(logits, &self.history)
+    }
+
+    /// Joins the batch with the last prompt token as its next input: until
+    /// it is read back, the penalties see it as the pending token, not as
+    /// history.
+    pub fn feed_prompt_tail(&mut self) {
+        self.prompt_pending = true;
+        if self.sampler.uses_history() {
+            self.history.pop();
+        }
+    }
+
+    /// The batch read back what it fed: the last prompt token (nothing to
+    /// emit) or a generated token.
+    pub fn on_fed(&mut self, token: u32) -> Progress {
+        if self.prompt_pending {
+            self.prompt_pending = false;
+            if self.sampler.uses_history() {
+                self.history.push(token);
+            }
+            return if self.flush() {
+                Progress::Continue
+            } else {
+                Progress::Gone
+            };
+        }
+        self.fed += 1;
+        self.on_token(token)
+    }
+
+    /// Takes the token read back for this sequence: text out, stops checked.
+    pub fn on_token(&mut self, token: u32) -> Progress {
+        if self.first_at.is_none() {
+            self.first_at = Some(Instant::now());
+        }
+        if self.eos.contains(&token) {
+            return Progress::Finished(FinishReason::Stop);
+        }
+        self.tokens.push(token);
+        if self.sampler.uses_history() {
+            self.history.push(token);
+        }
+        if let Some(piece) = self.detokenizer.push(token) {
+            let out = self.stops.push(&piece);
+            self.outbox.push_str(&out.text);
+            if out.stop.is_some() {
+                self.stopped_by_string = true;
+                return Progress::Finished(FinishReason::Stop);
+            }
+        }
+        if !self.flush() {
+            return Progress::Gone;
+        }
+        if self.tokens.len() >= self.max_tokens {
+            return Progress::Finished(FinishReason::Length);
+        }
+        Progress::Continue
+    }
+
+    /// Sends what the outbox holds if the client has room; false once the
+    /// client has gone.
+    pub fn flush(&mut self) -> bool {
+        let Client::Generate(events) = &self.client else {
+            return true;
+        };
+        if self.outbox.is_empty() {
+            return !events.is_closed();
+        }
+        match events.try_send(Event::Text(std::mem::take(&mut self.outbox))) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(Event::Text(back))) => {
+                self.outbox = back;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn metrics(&self) -> Metrics {
+        let prompt_eval = self
+            .first_at
+            .map_or_else(|| self.started.elapsed(), |t| t - self.started);
+        Metrics {
+            prompt_tokens: self.prompt.len(),
+            cached_prompt_tokens: self.cached,
+            prompt_eval,
+            eval_tokens: self.tokens.len(),
+            eval: self.first_at.map_or(Duration::ZERO, |t| t.elapsed()),
+        }
+    }
+
+    /// Ends the sequence: the text held back, then Done (or a prewarm's
+    /// reply), to deliver with [`Pending::deliver`] once the engine has
+    /// published its state, so a client that asks for status on Done sees it.
+    pub fn finish(mut self, reason: FinishReason) -> Pending {
+        let mut reason = reason;
+        if !self.stopped_by_string {
+            let tail = self.detokenizer.finish().unwrap_or_default();
+            let mut last = self.stops.push(&tail);
+            if last.stop.is_none() {
+                let end = self.stops.finish();
+                last.text.push_str(&end.text);
+                last.stop = end.stop;
+            }
+            if last.stop.is_some() {
+                reason = FinishReason::Stop;
+            }
+            self.outbox.push_str(&last.text);
+        }
+        let metrics = self.metrics();
+        match self.client {
+            Client::Generate(events) => {
+                let mut queue = VecDeque::new();
+                if !self.outbox.is_empty() {
+                    queue.push_back(Event::Text(self.outbox));
+                }
+                queue.push_back(Event::Done { reason, metrics });
+                Pending::Events { events, queue }
+            }
+            Client::Prewarm(reply) => Pending::Reply {
+                reply,
+                result: Ok(Prewarmed {
+                    cached_tokens: self.prompt.len(),
+                    prompt_eval: metrics.prompt_eval,
+                }),
+            },
+        }
+    }
+
+    /// Ends the sequence with an error (delivered as [`Sequence::finish`]'s).
+    pub fn fail(self, error: RunnerError) -> Pending {
+        match self.client {
+            Client::Generate(events) => Pending::Events {
+                events,
+                queue: VecDeque::from([Event::Error(error)]),
+            },
+            Client::Prewarm(reply) => Pending::Reply {
+                reply,
+                result: Err(error),
+            },
+        }
+    }
+}
+
+/// The last events of a sequence that ended, not yet delivered; a client
+/// that reads slowly gets them as room frees in its channel.
+pub enum Pending {
+    Events {
+        events: mpsc::Sender<Event>,
+        queue: VecDeque<Event>,
+    },
+    Reply {
+        reply: oneshot::Sender<Result<Prewarmed>>,
+        result: Result<Prewarmed>,
+    },
+}
+
+impl Pending {
+    /// Sends what fits; `None` once everything went (or the client left).
+    pub fn deliver(self) -> Option<Self> {
+        match self {
+            Pending::Reply { reply, result } => {
+                let _ = reply.send(result);
+                None
+            }
+            Pending::Events { events, mut queue } => {
+                while let Some(event) = queue.pop_front() {
+                    match events.try_send(event) {
+                        Ok(()) => {}
+                        Err(mpsc::error::TrySendError::Full(back)) => {
+                            queue.push_front(back);
+                            return Some(Pending::Events { events, queue });
+                        }
+                        Err(mpsc::error::TrySendError::Closed(_)) => return None,
+                    }
+                }
+                None
+            }
+        }
+    }
+}

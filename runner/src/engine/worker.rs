@@ -1,0 +1,462 @@
+//! The engine thread's loop: continuous batching.
+//!
+//! Each turn of the loop: take what arrived (blocking only when there is
+//! nothing to do), admit waiting requests while the batch has room (at most
+//! `parallel` sequences, and their KV within the capacity), evaluate one
+//! prefill chunk of the oldest prefilling sequence, then run one decode step
+//! of the batch. Prefill chunks are at most [`INTERLEAVED_CHUNK`] tokens while
+//! the batch decodes, so running streams keep flowing during a long prompt.
+//! A prefilled sequence joins the batch; a sequence leaves it at the step its
+//! token ends it (EOS, stop string, limit) or its client goes.
+//!
+//! The prompt cache's single entry: a new request starts from the entry's
+//! common prefix (by token content), sharing its buffers copy-on-write. The
+//! entry is replaced by the most recently *finished* request (ended by EOS, a
+//! stop string or its limit; cancelled and failed ones never) and by a
+//! prewarm; so a conversation's next turn finds its previous turn.
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use mlx_rs::Array;
+use mlx_rs::ops::indexing::TryIndexOp;
+use mlx_rs::transforms::{async_eval, eval};
+use tokio::sync::{mpsc, watch};
+
+use super::admission::refuse;
+use super::batch::{Batch, reason};
+use super::prompt_cache::PromptCache;
+use super::sequence::{Pending, Progress, Sequence};
+use super::{
+    Activity, EngineConfig, Facts, Inspector, LoadState, MemoryFigures, Request, Snapshot,
+};
+use crate::cache::KvCache;
+use crate::chat::ChatParts;
+use crate::detokenize::TokenTable;
+use crate::error::{MlxPhase, Result, RunnerError};
+use crate::memory::{Budget, budget_memory};
+use crate::model::Model;
+
+/// Most prompt tokens per prefill pass while other sequences are decoding.
+pub const INTERLEAVED_CHUNK: usize = 128;
+
+pub(super) struct Loaded {
+    pub(super) model: Model,
+    pub(super) eos: Arc<[u32]>,
+    pub(super) table: Arc<TokenTable>,
+    pub(super) cache: PromptCache,
+    pub(super) budget: Budget,
+    pub(super) context: usize,
+    /// KV tokens all sequences and the entry may hold together.
+    pub(super) capacity: usize,
+    /// Most sequences prefilling or decoding at once.
+    pub(super) parallel: usize,
+}
+
+/// A sequence evaluating its prompt into caches of its own.
+pub(super) struct Prefilling {
+    pub(super) sequence: Sequence,
+    pub(super) caches: Vec<KvCache>,
+}
+
+pub(super) struct Worker {
+    pub config: EngineConfig,
+    pub snapshot: watch::Sender<Snapshot>,
+    pub parts: watch::Sender<Option<Arc<ChatParts>>>,
+    pub stopping: Arc<AtomicBool>,
+}
+
+/// Everything in flight.
+pub(super) struct State {
+    pub(super) waiting: VecDeque<Request>,
+    pub(super) prefilling: VecDeque<Prefilling>,
+    pub(super) batch: Batch,
+    /// Final events for clients that read slowly.
+    pub(super) pending: Vec<Pending>,
+}
+
+impl State {
+    pub(super) fn active(&self) -> usize {
+        self.prefilling.len() + self.batch.len()
+    }
+
+    fn idle(&self) -> bool {
+        self.waiting.is_empty()
+            && self.prefilling.is_empty()
+            && self.batch.is_empty()
+            && self.pending.is_empty()
+    }
+}
+
+impl Worker {
+    pub fn run(self, mut rx: mpsc::Receiver<Request>, inspect: Option<Inspector>) {
+        let mut loaded = match self.load() {
+            Ok(l) => Some(l),
+            Err(e) => {
+                self.snapshot
+                    .send_modify(|s| s.state = LoadState::Failed(e.to_string()));
+                None
+            }
+        };
+        let Some(l) = loaded.as_mut() else {
+            while let Some(request) = rx.blocking_recv() {
+                refuse(request, || {
+                    RunnerError::Request("the model failed to load".into())
+                });
+            }
+            self.snapshot.send_modify(|s| s.state = LoadState::Stopping);
+            return;
+        };
+        let mut s = State {
+            waiting: VecDeque::new(),
+            prefilling: VecDeque::new(),
+            batch: Batch::new(l.model.decoder.num_layers()),
+            pending: Vec::new(),
+        };
+        let mut open = true;
+        loop {
+            // 1. What arrived; block only when there is nothing to do.
+            if s.idle() && open {
+                settle();
+                let _ = mlx_rs::memory::clear_cache();
+                self.publish(l, &s, rx.len(), true);
+                match rx.blocking_recv() {
+                    Some(r) => s.waiting.push_back(r),
+                    None => open = false,
+                }
+            }
+            // Requests stay in the bounded channel until the batch has room,
+            // so the channel's bound is the queue's.
+            let room = l.parallel.saturating_sub(s.active()).max(1);
+            while s.waiting.len() < room
+                && let Ok(r) = rx.try_recv()
+            {
+                s.waiting.push_back(r);
+            }
+            s.waiting.retain(|r| !matches!(r, Request::Stop));
+            if self.stopping.load(Ordering::SeqCst) || (!open && s.idle()) {
+                break;
+            }
+            // 2. Admit, prefill one chunk, decode one step.
+            let before = (
+                s.prefilling.len(),
+                s.batch.len(),
+                s.waiting.len() + rx.len(),
+            );
+            self.admit(l, &mut s);
+            self.prefill(l, &mut s, inspect.as_ref());
+            self.decode(l, &mut s, inspect.as_ref());
+            // 3. Publish, then deliver what ended (a client that asks for
+            //    status on Done sees the state after its request).
+            if before
+                != (
+                    s.prefilling.len(),
+                    s.batch.len(),
+                    s.waiting.len() + rx.len(),
+                )
+            {
+                self.publish(l, &s, rx.len(), false);
+            }
+            s.pending = std::mem::take(&mut s.pending)
+                .into_iter()
+                .filter_map(Pending::deliver)
+                .collect();
+            if s.active() == 0 && !s.pending.is_empty() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if !open && s.idle() {
+                break;
+            }
+        }
+        // Stopping: everything still here fails.
+        for r in s.waiting.drain(..) {
+            refuse(r, || RunnerError::Stopped);
+        }
+        for p in s.prefilling.drain(..) {
+            drop(p.sequence.fail(RunnerError::Stopped).deliver());
+        }
+        for seq in s.batch.drain() {
+            drop(seq.fail(RunnerError::Stopped).deliver());
+        }
+        while let Ok(r) = rx.try_recv() {
+            refuse(r, || RunnerError::Stopped);
+        }
+        self.snapshot.send_modify(|s| s.state = LoadState::Stopping);
+    }
+
+    fn load(&self) -> Result<Loaded> {
+        let opened = crate::source::open(&self.config.model_dir, self.config.cpu_dtypes)?;
+        let model = opened.model;
+        let tokenizer = Arc::new(opened.tokenizer);
+        let budget = Budget::new(&model, budget_memory(), self.config.prefill_chunk as u64);
+        budget.apply().map_err(|e| RunnerError::Mlx {
+            phase: "setting memory limits",
+            message: e.to_string(),
+        })?;
+        let capacity = match self.config.kv_capacity {
+            Some(c) => c.min(budget.kv_capacity_tokens as usize),
+            None => budget.kv_capacity_tokens as usize,
+        };
+        let mut context = capacity;
+        if let Some(max) = model.max_position_embeddings {
+            context = context.min(max as usize);
+        }
+        if let Some(limit) = self.config.context_length {
+            context = context.min(limit);
+        }
+        if context < 2 {
+            return Err(RunnerError::Request(format!(
+                "not enough memory for a KV cache: {} bytes total, {} of weights",
+                budget.memory_total, budget.weight_bytes
+            )));
+        }
+        let parallel = self
+            .config
+            .num_parallel
+            .unwrap_or(if crate::model::dtypes::cpu_backend() {
+                8
+            } else {
+                32
+            });
+        let facts = Facts {
+            architecture: model.architecture,
+            dtype: model.dtype(),
+            quantization: model.quantization,
+            parameter_count: model.parameter_count(),
+            context_length: context,
+            max_position_embeddings: model.max_position_embeddings,
+            vocab_size: model.spec.vocab as usize,
+            num_layers: model.decoder.num_layers(),
+            dtypes: model.dtypes,
+            gguf: opened.kind == crate::source::SourceKind::Gguf,
+            parallel,
+            kv_capacity: capacity,
+        };
+        let parts = ChatParts::new(tokenizer.clone(), opened.templates.spec(), context);
+        let loaded = Loaded {
+            eos: tokenizer.eos_ids().to_vec().into(),
+            table: Arc::new(TokenTable::new(&tokenizer)),
+            cache: PromptCache::new(model.decoder.num_layers()),
+            model,
+            budget,
+            context,
+            capacity,
+            parallel,
+        };
+        self.parts.send_replace(Some(Arc::new(parts)));
+        self.snapshot.send_modify(|s| {
+            s.state = LoadState::Ready;
+            s.facts = Some(facts);
+        });
+        Ok(loaded)
+    }
+
+    /// Publishes the figures; `idle`: nothing is in flight (Activity::Idle
+    /// is only published then, after the device has finished, so its memory
+    /// figures are settled).
+    fn publish(&self, l: &Loaded, s: &State, queued: usize, idle: bool) {
+        let kv: usize = l.cache.nbytes()
+            + s.batch.nbytes()
+            + s.prefilling
+                .iter()
+                .flat_map(|p| &p.caches)
+                .map(KvCache::nbytes)
+                .sum::<usize>();
+        let figures = MemoryFigures {
+            budget: Some(l.budget),
+            kv_bytes: kv as u64,
+            cached_tokens: l.cache.len(),
+            mlx_active: mlx_rs::memory::active_memory().unwrap_or(0) as u64,
+            mlx_cache: mlx_rs::memory::cache_memory().unwrap_or(0) as u64,
+            mlx_peak: mlx_rs::memory::peak_memory().unwrap_or(0) as u64,
+        };
+        let activity = if idle {
+            Some(Activity::Idle)
+        } else if !s.prefilling.is_empty() {
+            Some(Activity::Prefilling)
+        } else if !s.batch.is_empty() {
+            Some(Activity::Decoding)
+        } else {
+            None
+        };
+        self.snapshot.send_modify(|snap| {
+            snap.memory = figures;
+            if let Some(activity) = activity {
+                snap.activity = activity;
+            }
+            snap.active = s.active();
+            snap.waiting = s.waiting.len() + queued;
+        });
+    }
+
+    /// One prefill chunk of the oldest prefilling sequence; a sequence whose
+    /// prompt is done samples its first token and joins the batch (a prewarm
+    /// becomes the prompt-cache entry).
+    fn prefill(&self, l: &mut Loaded, s: &mut State, inspect: Option<&Inspector>) {
+        let Some(p) = s.prefilling.front_mut() else {
+            return;
+        };
+        if p.sequence.gone() {
+            if let Some(p) = s.prefilling.pop_front() {
+                drop(p.sequence.fail(RunnerError::Request("cancelled".into())));
+            }
+            return;
+        }
+        let cap = if s.batch.is_empty() {
+            usize::MAX
+        } else {
+            INTERLEAVED_CHUNK
+        };
+        let advanced = advance(&l.model, &mut p.sequence, &mut p.caches, cap);
+        inspect_all(l, s, inspect);
+        let first = match advanced {
+            Ok(Advanced::Chunk) => return,
+            Ok(Advanced::First(first)) => Some(Some(first)),
+            Ok(Advanced::Join) => Some(None),
+            Ok(Advanced::Prewarmed) => None,
+            Err(e) => {
+                if let Some(p) = s.prefilling.pop_front() {
+                    s.pending.push(p.sequence.fail(e));
+                }
+                return;
+            }
+        };
+        let Some(Prefilling { sequence, caches }) = s.prefilling.pop_front() else {
+            return;
+        };
+        let Some(first) = first else {
+            l.cache.replace(sequence.prompt.clone(), caches);
+            s.pending
+                .push(sequence.finish(crate::generate::FinishReason::Length));
+            return;
+        };
+        if let Err(e) = s.batch.join(sequence, caches, first) {
+            // The batch is in an unknown state: everything in it fails.
+            for seq in s.batch.drain() {
+                s.pending.push(seq.fail(RunnerError::Mlx {
+                    phase: "joining the batch",
+                    message: e.to_string(),
+                }));
+            }
+        }
+    }
+
+    /// One decode step of the batch; sequences that end leave it.
+    fn decode(&self, l: &mut Loaded, s: &mut State, inspect: Option<&Inspector>) {
+        if s.batch.is_empty() {
+            return;
+        }
+        let left = match s.batch.step(&l.model) {
+            Ok(left) => left,
+            Err(e) => {
+                let message = e.to_string();
+                for seq in s.batch.drain() {
+                    s.pending.push(seq.fail(RunnerError::Mlx {
+                        phase: "decode",
+                        message: message.clone(),
+                    }));
+                }
+                return;
+            }
+        };
+        for gone in left {
+            match (gone.outcome, gone.cache) {
+                (Progress::Finished(r), Some(caches)) => {
+                    let held = caches.first().map_or(0, KvCache::offset) as usize;
+                    let tokens: Vec<u32> = gone
+                        .sequence
+                        .prompt
+                        .iter()
+                        .chain(&gone.sequence.tokens)
+                        .copied()
+                        .take(held)
+                        .collect();
+                    l.cache.replace(tokens, caches);
+                    s.pending.push(gone.sequence.finish(r));
+                }
+                (outcome, _) => s.pending.push(gone.sequence.finish(reason(outcome))),
+            }
+        }
+        inspect_all(l, s, inspect);
+    }
+}
+
+/// Waits until the device has finished what was dispatched (a discarded
+/// step in flight holds buffers until then).
+fn settle() {
+    // SAFETY: waits on MLX's default stream; takes no arguments.
+    let _ = unsafe { mlx_sys::mlx_synchronize_default() };
+}
+
+/// Shows the inspector every array that survives the step.
+fn inspect_all(l: &Loaded, s: &State, inspect: Option<&Inspector>) {
+    let Some(inspect) = inspect else {
+        return;
+    };
+    let arrays: Vec<&Array> = l
+        .cache
+        .arrays()
+        .chain(s.batch.arrays())
+        .chain(
+            s.prefilling
+                .iter()
+                .flat_map(|p| &p.caches)
+                .flat_map(KvCache::arrays),
+        )
+        .collect();
+    inspect(&arrays);
+}
+
+/// What one prefill pass did.
+enum Advanced {
+    /// Evaluated a chunk; more follow.
+    Chunk,
+    /// Everything but the last prompt token is in the caches: the sequence
+    /// joins the batch with that token as its next input, so its first token
+    /// comes from a batch step (as in mlx-lm's BatchGenerator).
+    Join,
+    /// Nothing was in the caches and the prompt is one token: it was
+    /// evaluated alone and the first token sampled (`[1]`, dispatched).
+    First(Array),
+    /// A prewarm's whole prompt is in its caches.
+    Prewarmed,
+}
+
+/// Evaluates the next chunk (at most `cap` tokens) of the sequence's prompt
+/// into `caches`, and says what the sequence does next.
+fn advance(
+    model: &Model,
+    seq: &mut Sequence,
+    caches: &mut [KvCache],
+    cap: usize,
+) -> Result<Advanced> {
+    let left = seq.left_to_prefill();
+    if left > 0 {
+        let n = left.min(seq.chunk).min(cap);
+        let start = seq.prefilled;
+        let chunk = Model::tokens_array(&seq.prompt[start..start + n]);
+        let hidden = model.decoder.forward(&chunk, caches).phase("prefill")?;
+        drop(hidden);
+        eval(caches.iter().flat_map(KvCache::arrays)).phase("prefill")?;
+        mlx_rs::memory::clear_cache().phase("prefill")?;
+        seq.prefilled += n;
+    }
+    if seq.left_to_prefill() > 0 {
+        return Ok(Advanced::Chunk);
+    }
+    if seq.is_prewarm() {
+        return Ok(Advanced::Prewarmed);
+    }
+    if seq.prefilled > 0 {
+        return Ok(Advanced::Join);
+    }
+    let last = Model::tokens_array(&seq.prompt[seq.prompt.len() - 1..]);
+    let hidden = model.decoder.forward(&last, caches).phase("prefill")?;
+    let position = hidden.try_index((.., -1, ..)).phase("prefill")?;
+    let logits = model.decoder.logits(&position).phase("prefill")?;
+    let first = seq.first_token(&logits)?;
+    async_eval([&first]).phase("prefill")?;
+    seq.prefilled = seq.prompt.len();
+    Ok(Advanced::First(first))
+}

@@ -1,0 +1,165 @@
+//! The batched forward pass against each sequence alone: sequences of
+//! different lengths, left-padded into one [`BatchKvCache`] per layer, give
+//! the logits they give one at a time, step after step, while sequences join
+//! and leave.
+use std::path::PathBuf;
+
+use grove_runner::cache::{BatchKvCache, KvCache};
+use grove_runner::model::{self, Model};
+use mlx_rs::Array;
+use mlx_rs::ops::indexing::TryIndexOp;
+use mlx_rs::transforms::eval;
+
+/// Largest difference allowed between a row's logits batched and alone.
+const TOLERANCE: f32 = 1e-4;
+
+fn fixture(name: &str) -> PathBuf {
+    let root = std::env::var_os("GROVE_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.grove/fixtures"));
+    let dir = root.join(name);
+    assert!(
+        dir.join("config.json").is_file(),
+        "fixture {} is missing (make fixtures)",
+        dir.display()
+    );
+    dir
+}
+
+fn read(a: &Array) -> Vec<f32> {
+    let a = a
+        .as_dtype(mlx_rs::Dtype::Float32)
+        .unwrap()
+        .flatten(None, None)
+        .unwrap();
+    eval([&a]).unwrap();
+    a.as_slice::<f32>().to_vec()
+}
+
+/// Last-position logits of `tokens` (`[B, L]`) through `caches`, `[B, V]`.
+fn logits<C: grove_runner::cache::LayerCache>(
+    model: &Model,
+    tokens: &Array,
+    caches: &mut [C],
+) -> Array {
+    let hidden = model.decoder.forward(tokens, caches).unwrap();
+    let last = hidden.try_index((.., -1, ..)).unwrap();
+    model.decoder.logits(&last).unwrap()
+}
+
+/// One sequence alone: its caches and its greedy continuation.
+struct Alone {
+    caches: Vec<KvCache>,
+    next: u32,
+}
+
+impl Alone {
+    fn prefill(model: &Model, prompt: &[u32]) -> (Self, Vec<f32>) {
+        let mut caches: Vec<KvCache> = (0..model.decoder.num_layers())
+            .map(|_| KvCache::new())
+            .collect();
+        let l = read(&logits(model, &Model::tokens_array(prompt), &mut caches));
+        let next = argmax(&l);
+        (Self { caches, next }, l)
+    }
+
+    fn step(&mut self, model: &Model) -> Vec<f32> {
+        let l = read(&logits(
+            model,
+            &Model::tokens_array(&[self.next]),
+            &mut self.caches,
+        ));
+        self.next = argmax(&l);
+        l
+    }
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn prompt(seed: u32, len: u32) -> Vec<u32> {
+    (0..len).map(|i| 5 + (i * 37 + seed * 101) % 900).collect()
+}
+
+fn check(model_name: &str) {
+    let model = model::load(&fixture(model_name)).expect("load");
+    let layers = model.decoder.num_layers();
+    let vocab = model.spec.vocab as usize;
+    // Three sequences of different lengths, each prefilled alone; a copy of
+    // each joins the batch.
+    let lengths = [5u32, 40, 300];
+    let mut alone = Vec::new();
+    let mut batch: Vec<BatchKvCache> = (0..layers).map(|_| BatchKvCache::new()).collect();
+    let mut rows: Vec<usize> = Vec::new();
+    let mut worst = 0.0f32;
+    let join = |batch: &mut [BatchKvCache], a: &Alone| {
+        for (layer, cache) in batch.iter_mut().zip(&a.caches) {
+            layer.extend_from(cache).unwrap();
+        }
+    };
+    for (i, &len) in lengths.iter().enumerate() {
+        let (a, _) = Alone::prefill(&model, &prompt(i as u32, len));
+        join(&mut batch, &a);
+        alone.push(a);
+        rows.push(i);
+    }
+    for step in 0..40 {
+        // The batch feeds every row's next token at once.
+        let next: Vec<u32> = rows.iter().map(|&r| alone[r].next).collect();
+        let input = Array::from_slice(&next, &[next.len() as i32, 1]);
+        let batched = read(&logits(&model, &input, &mut batch));
+        for (b, &r) in rows.iter().enumerate() {
+            let solo = alone[r].step(&model);
+            let d = max_diff(&batched[b * vocab..(b + 1) * vocab], &solo);
+            assert!(
+                d <= TOLERANCE,
+                "{model_name}: step {step}, row {b} (sequence {r}): logits differ by {d}"
+            );
+            worst = worst.max(d);
+        }
+        // Step 10: the middle sequence leaves. Step 20: a new one joins.
+        if step == 10 {
+            rows.remove(1);
+            for layer in &mut batch {
+                layer.filter(&[0, 2]).unwrap();
+            }
+        }
+        if step == 20 {
+            let (a, _) = Alone::prefill(&model, &prompt(9, 77));
+            join(&mut batch, &a);
+            alone.push(a);
+            rows.push(alone.len() - 1);
+        }
+    }
+    eprintln!("{model_name}: batched logits within {worst:e} of each sequence alone");
+}
+
+#[test]
+fn batched_logits_match_each_sequence_alone_qwen3() {
+    check("qwen3-f32");
+}
+
+#[test]
+fn batched_logits_match_each_sequence_alone_llama_q4() {
+    check("llama-q4");
+}
+
+#[test]
+fn batched_logits_match_each_sequence_alone_mistral() {
+    check("mistral-f32");
+}
