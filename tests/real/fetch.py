@@ -31,8 +31,9 @@ GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 
 
 def pip(*args: str) -> None:
-    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet", "--root-user-action=ignore", *args]
-    subprocess.run(cmd, check=True)
+    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet", *args]
+    # An environment setting, not a flag: only `pip install` knows --root-user-action.
+    subprocess.run(cmd, check=True, env={**os.environ, "PIP_ROOT_USER_ACTION": "ignore"})
 
 
 def sha256(path: Path) -> str:
