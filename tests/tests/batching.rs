@@ -319,6 +319,74 @@ async fn parallel_limit_queues_the_rest() -> Result<()> {
     Ok(())
 }
 
+/// `--queue` counts only requests that wait: as many as `--num-parallel`
+/// may arrive at once on top of it, and one more than both is refused with
+/// RESOURCE_EXHAUSTED until a running request ends.
+#[tokio::test]
+async fn queue_counts_only_waiting_requests() -> Result<()> {
+    let (_served, mut client) = Served::start(
+        &fixtures::model_dir("qwen3-f32")?,
+        &["--num-parallel", "4", "--queue", "1"],
+    )
+    .await?;
+    // Five at once: four run, one waits; none is refused.
+    let short: Vec<_> = (0..5u32)
+        .map(|i| tokens_request(&[7 + i, 8, 9, 10, 11], 8))
+        .collect();
+    let done = all_at_once(&client, short).await?;
+    ensure!(done.len() == 5 && done.iter().all(|c| !c.text.is_empty()));
+
+    // Five long generations, read as they come (a client that leaves many
+    // small frames unread loses its connection to h2's flood guard). A
+    // request's stream opens when it is admitted, so each is its own task.
+    let mut running = Vec::new();
+    for _ in 0..5 {
+        let mut c = client.clone();
+        running.push(tokio::spawn(async move {
+            let mut stream = c
+                .generate(tokens_request(&LONG_RUNNING, 0))
+                .await?
+                .into_inner();
+            while stream.message().await?.is_some() {}
+            anyhow::Ok(())
+        }));
+    }
+    wait_for(&mut client, "four running, one waiting", |b| {
+        b.active_sequences == 4 && b.waiting_sequences == 1
+    })
+    .await?;
+    let refused = client
+        .generate(tokens_request(&[7, 8, 9], 4))
+        .await
+        .err()
+        .context("a sixth request was accepted past --num-parallel 4 --queue 1")?;
+    ensure!(
+        refused.code() == tonic::Code::ResourceExhausted
+            && refused.message().contains("1 requests are already waiting"),
+        "{refused:?}"
+    );
+    // A request that ends frees its place.
+    running.remove(0).abort();
+    let start = Instant::now();
+    loop {
+        match client.generate(tokens_request(&[7, 8, 9], 4)).await {
+            Ok(_) => break,
+            Err(e) if e.code() == tonic::Code::ResourceExhausted => {
+                ensure!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "never freed: {e:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    for r in running {
+        r.abort();
+    }
+    Ok(())
+}
+
 /// `--kv-capacity`: requests are admitted while the KV they may come to hold
 /// fits (a batch pads every row to the longest); the rest wait, and one
 /// that fits only alone runs once the others are done.

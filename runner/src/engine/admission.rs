@@ -102,12 +102,16 @@ impl Worker {
         l: &Loaded,
         request: Request,
     ) -> std::result::Result<Option<Prefilling>, (Client, RunnerError)> {
-        let (client, prompt, job) = match request {
-            Request::Generate { job, events } => {
+        let (client, prompt, job, slot) = match request {
+            Request::Generate { job, events, slot } => {
                 let prompt = job.input.clone();
-                (Client::Generate(events), prompt, Some(job))
+                (Client::Generate(events), prompt, Some(job), slot)
             }
-            Request::Prewarm { prompt, reply } => (Client::Prewarm(reply), prompt, None),
+            Request::Prewarm {
+                prompt,
+                reply,
+                slot,
+            } => (Client::Prewarm(reply), prompt, None, slot),
             Request::Stop => return Ok(None),
         };
         let context = match job.as_ref().map_or(0, |j| j.num_ctx) {
@@ -162,6 +166,7 @@ impl Worker {
             eos: l.eos.clone(),
             table: l.table.clone(),
             stops,
+            slot: Some(slot),
         };
         match Sequence::new(spec) {
             Ok(sequence) => Ok(Some(Prefilling { sequence, caches })),

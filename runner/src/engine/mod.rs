@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use mlx_rs::Array;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
 use crate::chat::ChatParts;
 use crate::error::{Result, RunnerError};
@@ -161,13 +161,26 @@ enum Request {
     Generate {
         job: Job,
         events: mpsc::Sender<Event>,
+        slot: OwnedSemaphorePermit,
     },
     Prewarm {
         prompt: Vec<u32>,
         reply: oneshot::Sender<Result<Prewarmed>>,
+        slot: OwnedSemaphorePermit,
     },
     /// Wakes the engine to see that it is stopping.
     Stop,
+}
+
+impl Request {
+    /// Whether nobody waits for the answer any more.
+    fn abandoned(&self) -> bool {
+        match self {
+            Request::Generate { events, .. } => events.is_closed(),
+            Request::Prewarm { reply, .. } => reply.is_closed(),
+            Request::Stop => false,
+        }
+    }
 }
 
 /// Why a request was not queued.
@@ -187,6 +200,7 @@ pub struct Engine {
     parts: watch::Receiver<Option<Arc<ChatParts>>>,
     stopping: Arc<AtomicBool>,
     queue: usize,
+    slots: Arc<Semaphore>,
 }
 
 impl Engine {
@@ -200,7 +214,13 @@ impl Engine {
         config: EngineConfig,
         inspect: Option<Inspector>,
     ) -> std::io::Result<(Self, JoinHandle<()>)> {
-        let (requests, rx) = mpsc::channel(config.queue.max(1));
+        let mut config = config;
+        let parallel = config.num_parallel.unwrap_or_else(default_parallel).max(1);
+        config.num_parallel = Some(parallel);
+        let queue = config.queue.max(1);
+        let slots = Arc::new(Semaphore::new(parallel + queue));
+        // Room for every slot's request and a Stop.
+        let (requests, rx) = mpsc::channel(parallel + queue + 1);
         let (snap_tx, snapshot) = watch::channel(Snapshot {
             state: LoadState::Loading,
             activity: Activity::Idle,
@@ -211,7 +231,6 @@ impl Engine {
         });
         let (parts_tx, parts) = watch::channel(None);
         let stopping = Arc::new(AtomicBool::new(false));
-        let queue = config.queue.max(1);
         let worker_stopping = stopping.clone();
         let thread = std::thread::Builder::new()
             .name("grove-engine".into())
@@ -231,6 +250,7 @@ impl Engine {
                 parts,
                 stopping,
                 queue,
+                slots,
             },
             thread,
         ))
@@ -275,6 +295,15 @@ impl Engine {
         self.snapshot.borrow().clone()
     }
 
+    /// A place for one more request: `parallel` of them run, `queue` more
+    /// wait; a request holds its place until its sequence ends.
+    fn slot(&self) -> std::result::Result<OwnedSemaphorePermit, SubmitError> {
+        self.slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| SubmitError::QueueFull(self.queue))
+    }
+
     fn submit(&self, request: Request) -> std::result::Result<(), SubmitError> {
         self.requests.try_send(request).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => SubmitError::QueueFull(self.queue),
@@ -285,7 +314,8 @@ impl Engine {
     /// Queues a generation; its events arrive on the returned channel.
     pub fn generate(&self, job: Job) -> std::result::Result<mpsc::Receiver<Event>, SubmitError> {
         let (events, rx) = mpsc::channel(64);
-        self.submit(Request::Generate { job, events })?;
+        let slot = self.slot()?;
+        self.submit(Request::Generate { job, events, slot })?;
         Ok(rx)
     }
 
@@ -295,7 +325,22 @@ impl Engine {
         prompt: Vec<u32>,
     ) -> std::result::Result<Result<Prewarmed>, SubmitError> {
         let (reply, rx) = oneshot::channel();
-        self.submit(Request::Prewarm { prompt, reply })?;
+        let slot = self.slot()?;
+        self.submit(Request::Prewarm {
+            prompt,
+            reply,
+            slot,
+        })?;
         rx.await.map_err(|_| SubmitError::Stopped)
+    }
+}
+
+/// Sequences at once when GROVE_NUM_PARALLEL is not set: a CPU is
+/// compute-bound beyond a few rows, a GPU is not.
+fn default_parallel() -> usize {
+    if crate::model::dtypes::cpu_backend() {
+        8
+    } else {
+        32
     }
 }

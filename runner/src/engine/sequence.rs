@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mlx_rs::Array;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
 use super::{Event, Metrics, Prewarmed};
 use crate::detokenize::{Detokenizer, TokenTable};
@@ -61,6 +61,7 @@ pub struct Sequence {
     /// The batch's next input for this sequence is its last prompt token
     /// (it joined with it), not a generated one.
     prompt_pending: bool,
+    _slot: Option<OwnedSemaphorePermit>,
     /// Text waiting for a client that reads slowly (never blocks the batch).
     outbox: String,
     stopped_by_string: bool,
@@ -77,6 +78,9 @@ pub struct Spec {
     pub eos: Arc<[u32]>,
     pub table: Arc<TokenTable>,
     pub stops: Vec<String>,
+    /// The request's place in the runner (parallel + queue); freed when the
+    /// sequence is dropped.
+    pub slot: Option<OwnedSemaphorePermit>,
 }
 
 impl Sequence {
@@ -106,6 +110,7 @@ impl Sequence {
             outbox: String::new(),
             stopped_by_string: false,
             prompt: spec.prompt,
+            _slot: spec.slot,
         })
     }
 

@@ -115,48 +115,48 @@ impl Worker {
             pending: Vec::new(),
         };
         let mut open = true;
+        // (prefilling, decoding, waiting) as last published.
+        let counts = |s: &State, rx: &mpsc::Receiver<Request>| {
+            (
+                s.prefilling.len(),
+                s.batch.len(),
+                s.waiting.len() + rx.len(),
+            )
+        };
+        let mut shown = None;
         loop {
             // 1. What arrived; block only when there is nothing to do.
             if s.idle() && open {
                 settle();
                 let _ = mlx_rs::memory::clear_cache();
                 self.publish(l, &s, rx.len(), true);
+                shown = Some(counts(&s, &rx));
                 match rx.blocking_recv() {
                     Some(r) => s.waiting.push_back(r),
                     None => open = false,
                 }
             }
-            // Requests stay in the bounded channel until the batch has room,
-            // so the channel's bound is the queue's.
-            let room = l.parallel.saturating_sub(s.active()).max(1);
-            while s.waiting.len() < room
-                && let Ok(r) = rx.try_recv()
-            {
+            // Every request holds one of `parallel + queue` slots until its
+            // sequence ends, so the waiting line is bounded; one whose
+            // client left frees its slot now, not when its turn comes.
+            while let Ok(r) = rx.try_recv() {
                 s.waiting.push_back(r);
             }
-            s.waiting.retain(|r| !matches!(r, Request::Stop));
+            s.waiting
+                .retain(|r| !matches!(r, Request::Stop) && !r.abandoned());
             if self.stopping.load(Ordering::SeqCst) || (!open && s.idle()) {
                 break;
             }
             // 2. Admit, prefill one chunk, decode one step.
-            let before = (
-                s.prefilling.len(),
-                s.batch.len(),
-                s.waiting.len() + rx.len(),
-            );
             self.admit(l, &mut s);
             self.prefill(l, &mut s, inspect.as_ref());
             self.decode(l, &mut s, inspect.as_ref());
             // 3. Publish, then deliver what ended (a client that asks for
             //    status on Done sees the state after its request).
-            if before
-                != (
-                    s.prefilling.len(),
-                    s.batch.len(),
-                    s.waiting.len() + rx.len(),
-                )
-            {
+            let now = counts(&s, &rx);
+            if shown != Some(now) {
                 self.publish(l, &s, rx.len(), false);
+                shown = Some(now);
             }
             s.pending = std::mem::take(&mut s.pending)
                 .into_iter()
@@ -211,14 +211,8 @@ impl Worker {
                 budget.memory_total, budget.weight_bytes
             )));
         }
-        let parallel = self
-            .config
-            .num_parallel
-            .unwrap_or(if crate::model::dtypes::cpu_backend() {
-                8
-            } else {
-                32
-            });
+        // Resolved when the engine was spawned.
+        let parallel = self.config.num_parallel.unwrap_or(1).max(1);
         let facts = Facts {
             architecture: model.architecture,
             dtype: model.dtype(),
