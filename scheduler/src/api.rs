@@ -195,10 +195,30 @@ impl Api {
         };
         let (tx, rx) = mpsc::channel(16);
         let mut closing = self.closing.clone();
+        let text = |t: String| {
+            Ok(pb::GenerateResponse {
+                event: Some(pb::generate_response::Event::Text(t)),
+            })
+        };
         tokio::spawn(async move {
             let lease = lease; // released when the relay ends
+            // Text the client has not taken yet. The runner's stream is read
+            // at once whatever the client does: one connection carries every
+            // request of the runner, and h2 closes a connection whose peer
+            // leaves many small frames unread (ENHANCE_YOUR_CALM), which
+            // would fail every other request on it. A slow client gets the
+            // text in larger pieces instead.
+            let mut pending = String::new();
             loop {
                 let next = tokio::select! {
+                    permit = tx.reserve(), if !pending.is_empty() => match permit {
+                        Ok(p) => {
+                            p.send(text(std::mem::take(&mut pending)));
+                            continue;
+                        }
+                        // The client went away: dropping `stream` cancels the runner's work.
+                        Err(_) => return,
+                    },
                     m = stream.message() => m,
                     _ = async { closing.wait_for(|c| *c).await.map(|_| ()) } => {
                         let _ = tx.send(Err(Status::unavailable("the daemon is shutting down"))).await;
@@ -207,10 +227,14 @@ impl Api {
                 };
                 let item = match next {
                     Ok(Some(msg)) => match msg.event {
-                        Some(rpb::generate_response::Event::Text(t)) => Ok(pb::GenerateResponse {
-                            event: Some(pb::generate_response::Event::Text(t)),
-                        }),
+                        Some(rpb::generate_response::Event::Text(t)) => {
+                            pending.push_str(&t);
+                            continue;
+                        }
                         Some(rpb::generate_response::Event::Done(d)) => {
+                            if !pending.is_empty() && tx.send(text(pending)).await.is_err() {
+                                return;
+                            }
                             let _ = tx.send(Ok(done(d, lease.load_time, started))).await;
                             return;
                         }
@@ -224,11 +248,12 @@ impl Api {
                     .await),
                     Err(status) => Err(runner_failure(status, &lease, &model.name).await),
                 };
-                let failed = item.is_err();
-                // A client that went away drops `stream`, which cancels the runner's work.
-                if tx.send(item).await.is_err() || failed {
+                if !pending.is_empty() && tx.send(text(std::mem::take(&mut pending))).await.is_err()
+                {
                     return;
                 }
+                let _ = tx.send(item).await;
+                return;
             }
         });
         Ok(Box::pin(ReceiverStream::new(rx)))

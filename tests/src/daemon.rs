@@ -95,6 +95,16 @@ impl Daemon {
         Ok(GroveClient::connect(format!("http://{}", self.addr)).await?)
     }
 
+    /// A client connection whose streams take at most `window` unread bytes
+    /// each, as a slow reader with a small HTTP/2 window does.
+    pub async fn client_with_window(&self, window: u32) -> Result<GroveClient<Channel>> {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))?
+            .initial_stream_window_size(window)
+            .connect()
+            .await?;
+        Ok(GroveClient::new(channel))
+    }
+
     /// Whether the daemon process is still running.
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

@@ -196,6 +196,55 @@ async fn concurrent_clients_and_queue_limit() -> Result<()> {
     Ok(())
 }
 
+/// Clients that stop reading long generations do not break the runner's
+/// connection, which carries every request of that model: the daemon keeps
+/// reading the runner and hands the slow client its text in larger pieces
+/// (h2 closes a connection that leaves ~10k small frames unread), and other
+/// clients are served meanwhile.
+#[tokio::test]
+async fn slow_clients_do_not_break_the_runner_connection() -> Result<()> {
+    const TOKENS: u32 = 3500;
+    let (d, mut c) = Daemon::start(&[]).await?;
+    let m = model("qwen3-f32")?;
+    // Raw text that qwen3-f32 continues past TOKENS without EOS.
+    let story = pb::GenerateRequest {
+        model: m.clone(),
+        prompt: "Once upon a time".into(),
+        options: Some(pb::Options {
+            max_tokens: Some(TOKENS),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let start = Instant::now();
+    let alone = finish(c.generate(story.clone()).await?.into_inner()).await?;
+    let n = alone.1.metrics.as_ref().map_or(0, |x| x.eval_tokens);
+    ensure!(n == TOKENS, "alone: {n} tokens, {:?}", alone.1);
+    let took = start.elapsed();
+
+    let mut slow = d.client_with_window(4096).await?;
+    let mut streams = Vec::new();
+    for _ in 0..4 {
+        streams.push(slow.generate(story.clone()).await?.into_inner());
+    }
+    // Another client is served while the slow one reads nothing.
+    let other = finish(c.chat(chat(&m, "hello", 8)).await?.into_inner()).await?;
+    ensure!(!other.0.is_empty());
+    // Four together take no longer than four alone: by then the runner has
+    // sent every token (~14k small frames without coalescing).
+    tokio::time::sleep(took * 4 + Duration::from_secs(1)).await;
+    for (i, s) in streams.into_iter().enumerate() {
+        let (text, _) = finish(s).await?;
+        ensure!(
+            text == alone.0,
+            "slow stream {i} differs from alone ({} vs {} bytes)",
+            text.len(),
+            alone.0.len()
+        );
+    }
+    Ok(())
+}
+
 /// keep_alive 0 leaves no runner behind; an expired keep_alive unloads.
 #[tokio::test]
 async fn keep_alive_unloads() -> Result<()> {
