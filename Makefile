@@ -122,9 +122,15 @@ fuzz: build fixtures
 	PROPTEST_CASES=$(FUZZ_CASES) $(CARGO) test $(CARGO_FLAGS) -p grove-gguf -p grove-runner -p grove \
 	  --no-fail-fast fuzz
 
+# Concurrent streams (continuous batching) on these models; add
+# $(DEFAULT_MODEL) for the real one (minutes on a CPU: mlx-lm decodes it at ~4 tok/s).
+BATCHED_MODELS ?= $(FIXTURES)/qwen3-f32 $(FIXTURES)/llama-q4
+BATCHED_STREAMS ?= 1,2,4,8
 bench: build fixtures default-model
 	$(PYTHON) tests/bench/bench.py --runner $(BIN)/grove-runner --fixtures $(FIXTURES)
 	$(PYTHON) tests/bench/real.py --runner $(BIN)/grove-runner --model $(DEFAULT_MODEL)
+	$(PYTHON) tests/bench/batched.py --bench $(BIN)/grove-batch-bench --streams $(BATCHED_STREAMS) \
+	  $(foreach m,$(BATCHED_MODELS),--model $(m))
 
 lint: setup
 	$(CARGO) fmt --all -- --check

@@ -20,7 +20,10 @@ redrawn, so every stream runs to the limit on both sides.
 mlx-lm runs in this process: BatchGenerator(model, stop_tokens=EOS ids,
 completion_batch_size=max(N, 32), prefill_batch_size=min(N, 8)) with every prompt
 inserted at once; Grove through `grove-batch-bench` (a gRPC client of
-`grove-runner serve`, all streams sent at once). Each side is warmed up once.
+`grove-runner serve`, all streams sent at once). Before each N, each side runs
+a warm-up round of N streams (8 tokens) on the prompts rotated by one token:
+kernels for N rows are compiled, and Grove's prompt cache holds nothing the
+timed round can reuse.
 The table gives each side's aggregate tok/s, its scaling over one stream, the
 ratio Grove / mlx-lm, and the median and worst TTFT. Only reports; asserts
 nothing about speed.
@@ -104,9 +107,9 @@ def mlx_round(model, tokenizer, prompts: list, max_tokens: int) -> dict:
 
 def bench_mlx(model_dir: Path, prompts: list, counts: list, max_tokens: int) -> list:
     model, tokenizer = mlx_lm.load(str(model_dir))
-    mlx_round(model, tokenizer, prompts[: max(counts)], min(max_tokens, 8))  # warm-up
     out = []
     for n in counts:
+        mlx_round(model, tokenizer, [p[1:] + p[:1] for p in prompts[:n]], min(max_tokens, 8))
         out.append(mlx_round(model, tokenizer, prompts[:n], max_tokens))
         log(f"  mlx-lm  {n:>3} streams: {summary(out[-1])}")
     del model
@@ -192,6 +195,11 @@ def main() -> int:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--runner-arg", action="append", default=[], help="passed to grove-runner serve")
+    p.add_argument(
+        "--no-pick",
+        action="store_true",
+        help="use the first random prompts as they are (big random models rarely emit EOS)",
+    )
     p.add_argument("--json-out", type=Path)
     args = p.parse_args()
     counts = [int(x) for x in args.streams.split(",")]
@@ -200,8 +208,14 @@ def main() -> int:
         name = model_dir.name
         log(f"{name}: picking {max(counts)} prompts")
         model, tokenizer = mlx_lm.load(str(model_dir))
-        prompts = pick_prompts(model, tokenizer, max(counts), args.prompt_len, args.max_tokens)
+        if args.no_pick:
+            ids = regular_ids(tokenizer)
+            rngs = [random.Random(1000 + i) for i in range(max(counts))]
+            prompts = [[r.choice(ids) for _ in range(args.prompt_len)] for r in rngs]
+        else:
+            prompts = pick_prompts(model, tokenizer, max(counts), args.prompt_len, args.max_tokens)
         del model
+        mx.clear_cache()
         try:
             mlx = bench_mlx(model_dir, prompts, counts, args.max_tokens)
             grove = bench_grove(args.bench, model_dir, prompts, counts, args.max_tokens, args.runner_arg)

@@ -5,7 +5,10 @@
 //!
 //! PROMPTS_JSON is a JSON array of token-id arrays, at least as many as the
 //! largest stream count. For each stream count N, the first N prompts are sent
-//! at once (greedy, MAX_TOKENS each), after one warm-up round. Prints one
+//! at once (greedy, MAX_TOKENS each), after a warm-up round of N streams (8
+//! tokens each) on the same prompts rotated by one token, so that the kernels
+//! for N rows are compiled and the prompt cache holds nothing the timed
+//! round can reuse (mlx-lm's BatchGenerator has no prompt cache). Prints one
 //! JSON line per N: total generated tokens, wall seconds from sending to the
 //! last Done, each stream's time to its first text (client side) and its
 //! generated tokens.
@@ -86,8 +89,16 @@ async fn main() -> Result<()> {
         bail!("{} prompts for {most} streams", prompts.len());
     }
     let (_served, client) = Served::start(std::path::Path::new(model), &extra).await?;
-    round(&client, &prompts[..most], max_tokens.min(8)).await?; // warm-up
     for n in counts {
+        let warm: Vec<Vec<u32>> = prompts[..n]
+            .iter()
+            .map(|p| {
+                let mut p = p.clone();
+                p.rotate_left(1);
+                p
+            })
+            .collect();
+        round(&client, &warm, max_tokens.min(8)).await?;
         let start = Instant::now();
         let results = round(&client, &prompts[..n], max_tokens).await?;
         let wall = start.elapsed().as_secs_f64();
