@@ -138,7 +138,8 @@ fn human_bytes(n: u64) -> String {
 
 fn until(expires_unix: i64, active: u32) -> String {
     if active > 0 {
-        return "in use".into();
+        let s = if active == 1 { "" } else { "s" };
+        return format!("in use ({active} request{s})");
     }
     if expires_unix == 0 {
         return "Forever".into();
