@@ -1,7 +1,8 @@
 //! The batched forward pass against each sequence alone: sequences of
 //! different lengths, left-padded into one [`BatchKvCache`] per layer, give
 //! the logits they give one at a time, step after step, while sequences join
-//! and leave.
+//! and leave; and prompts prefilled together, left-padded, give the logits
+//! each gives alone.
 use std::path::PathBuf;
 
 use grove_runner::cache::{BatchKvCache, KvCache};
@@ -162,4 +163,97 @@ fn batched_logits_match_each_sequence_alone_llama_q4() {
 #[test]
 fn batched_logits_match_each_sequence_alone_mistral() {
     check("mistral-f32");
+}
+
+/// Prompts of different lengths prefilled together (left-padded, in chunks
+/// of 64 columns) give each prompt's logits alone; merged into a running
+/// batch they decode as they do alone.
+fn check_group(model_name: &str) {
+    let model = model::load(&fixture(model_name)).expect("load");
+    let layers = model.decoder.num_layers();
+    let vocab = model.spec.vocab as usize;
+    let lengths = [5u32, 40, 300];
+    let prompts: Vec<Vec<u32>> = lengths
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| prompt(20 + i as u32, len))
+        .collect();
+    let longest = *lengths.iter().max().unwrap() as usize;
+    let pads: Vec<i32> = lengths
+        .iter()
+        .map(|&l| (longest - l as usize) as i32)
+        .collect();
+    let mut group: Vec<BatchKvCache> = (0..layers)
+        .map(|_| BatchKvCache::with_padding(pads.clone()))
+        .collect();
+    let padded: Vec<Vec<u32>> = prompts
+        .iter()
+        .zip(&pads)
+        .map(|(p, &pad)| {
+            let mut t = vec![0u32; pad as usize];
+            t.extend_from_slice(p);
+            t
+        })
+        .collect();
+    let mut last = Vec::new();
+    let mut start = 0;
+    while start < longest {
+        let end = (start + 64).min(longest);
+        let ids: Vec<u32> = padded.iter().flat_map(|t| t[start..end].to_vec()).collect();
+        let input = Array::from_slice(&ids, &[padded.len() as i32, (end - start) as i32]);
+        last = read(&logits(&model, &input, &mut group));
+        start = end;
+    }
+    let mut worst = 0.0f32;
+    let mut alone = Vec::new();
+    for (b, p) in prompts.iter().enumerate() {
+        let (a, solo) = Alone::prefill(&model, p);
+        let d = max_diff(&last[b * vocab..(b + 1) * vocab], &solo);
+        assert!(
+            d <= TOLERANCE,
+            "{model_name}: prompt {b} prefilled in a group: logits differ by {d}"
+        );
+        worst = worst.max(d);
+        alone.push(a);
+    }
+    // A running batch of one sequence; the group merges into it.
+    let (mut first, _) = Alone::prefill(&model, &prompt(30, 17));
+    let mut batch: Vec<BatchKvCache> = (0..layers).map(|_| BatchKvCache::new()).collect();
+    for (layer, cache) in batch.iter_mut().zip(&first.caches) {
+        layer.extend_from(cache).unwrap();
+    }
+    let step = read(&logits(
+        &model,
+        &Array::from_slice(&[first.next], &[1, 1]),
+        &mut batch,
+    ));
+    worst = worst.max(max_diff(&step, &first.step(&model)));
+    for (layer, g) in batch.iter_mut().zip(&group) {
+        layer.merge(g).unwrap();
+    }
+    alone.insert(0, first);
+    for step in 0..10 {
+        let next: Vec<u32> = alone.iter().map(|a| a.next).collect();
+        let input = Array::from_slice(&next, &[next.len() as i32, 1]);
+        let batched = read(&logits(&model, &input, &mut batch));
+        for (b, a) in alone.iter_mut().enumerate() {
+            let d = max_diff(&batched[b * vocab..(b + 1) * vocab], &a.step(&model));
+            assert!(
+                d <= TOLERANCE,
+                "{model_name}: step {step}, row {b}: logits differ by {d}"
+            );
+            worst = worst.max(d);
+        }
+    }
+    eprintln!("{model_name}: group prefill and merge within {worst:e} of each sequence alone");
+}
+
+#[test]
+fn group_prefill_matches_each_prompt_alone_qwen3() {
+    check_group("qwen3-f32");
+}
+
+#[test]
+fn group_prefill_matches_each_prompt_alone_llama_q4() {
+    check_group("llama-q4");
 }

@@ -8,6 +8,11 @@
 //! [`BatchKvCache::filter`], which also compacts: the padding every remaining
 //! row shares is cut and the buffer rebuilt at the size it needs, so a long
 //! sequence that left does not leave its length behind.
+//!
+//! Several prompts are prefilled together the same way: a batch made
+//! [`BatchKvCache::with_padding`] takes `[K, L]` left-padded prompt chunks (the pad
+//! slots are masked from every real token), then [`BatchKvCache::merge`]s
+//! into the decode batch.
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
 use mlx_rs::ops::{concatenate, zeros_dtype};
@@ -47,6 +52,15 @@ impl BatchKvCache {
         Self::default()
     }
 
+    /// An empty batch for prompts that are left-padded by `left_padding`
+    /// slots each (to one length), to be prefilled together.
+    pub fn with_padding(left_padding: Vec<i32>) -> Self {
+        Self {
+            left_padding,
+            ..Self::default()
+        }
+    }
+
     /// Rows (sequences).
     pub fn rows(&self) -> usize {
         self.left_padding.len()
@@ -67,6 +81,27 @@ impl BatchKvCache {
     /// right-aligned at the longer length.
     pub fn extend(&mut self, keys: &Array, values: &Array, len: i32) -> Result<(), Exception> {
         let n = keys.dim(0) as usize;
+        self.append(keys, values, len, &vec![0; n])
+    }
+
+    /// Appends another batch's rows (a prefilled group), their own left
+    /// padding kept.
+    pub fn merge(&mut self, other: &BatchKvCache) -> Result<(), Exception> {
+        match (&other.keys, &other.values) {
+            (Some(k), Some(v)) => self.append(k, v, other.idx, &other.left_padding),
+            _ => Err(Exception::custom("merging an empty batch")),
+        }
+    }
+
+    /// [`BatchKvCache::extend`] for rows that are themselves left-padded by
+    /// `inner` slots within their `len`.
+    fn append(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+        len: i32,
+        inner: &[i32],
+    ) -> Result<(), Exception> {
         let new_idx = self.idx.max(len);
         let pad_left = |x: &Array, have: i32| -> Result<Array, Exception> {
             let used = x.try_index((.., .., ..have, ..))?;
@@ -92,7 +127,7 @@ impl BatchKvCache {
             *lp += grow;
         }
         self.left_padding
-            .extend(std::iter::repeat_n(new_idx - len, n));
+            .extend(inner.iter().map(|l| l + new_idx - len));
         self.idx = new_idx;
         self.keys = Some(k);
         self.values = Some(v);
@@ -159,14 +194,14 @@ impl BatchKvCache {
         self.arrays().map(Array::nbytes).sum()
     }
 
-    fn padded(&self) -> bool {
+    fn has_padding(&self) -> bool {
         self.left_padding.iter().any(|&l| l != 0)
     }
 }
 
 impl LayerCache for BatchKvCache {
     fn positions(&self) -> Result<Positions, Exception> {
-        if !self.padded() {
+        if !self.has_padding() {
             return Ok(Positions::Uniform(self.idx));
         }
         let starts: Vec<i32> = self.left_padding.iter().map(|l| self.idx - l).collect();
@@ -178,9 +213,12 @@ impl LayerCache for BatchKvCache {
 
     /// mlx-lm's `create_causal_mask(n, offset=idx, left_padding)`: a query at
     /// slot `idx + j` of row `b` sees key slots `left_padding[b] ..= idx + j`.
-    /// Without padding this is plain causal masking (or none for one token).
+    /// A pad query (a prefilled group's, before its row starts) sees only
+    /// itself, so that no row of attention is empty; real tokens never see
+    /// it. Without padding this is plain causal masking (or none for one
+    /// token).
     fn mask(&self, n: i32) -> Result<AttentionMask, Exception> {
-        if !self.padded() {
+        if !self.has_padding() {
             return Ok(if n > 1 {
                 AttentionMask::Causal
             } else {
@@ -192,7 +230,10 @@ impl LayerCache for BatchKvCache {
         let queries =
             Array::arange::<_, i32>(self.idx, self.idx + n, None)?.reshape(&[1, 1, -1, 1])?;
         let left = Array::from_slice(&self.left_padding, &[b, 1, 1, 1]);
-        let mask = keys.ge(&left)?.logical_and(&keys.le(&queries)?)?;
+        let mask = keys
+            .ge(&left)?
+            .logical_and(&keys.le(&queries)?)?
+            .logical_or(&keys.eq(&queries)?)?;
         Ok(AttentionMask::Array(mask.as_dtype(Dtype::Bool)?))
     }
 

@@ -29,9 +29,8 @@ impl Worker {
     /// 256-token growth step, not counted.)
     fn footprint(s: &State, reserve: usize, context: usize) -> usize {
         let longest = s
-            .prefilling
-            .iter()
-            .map(|p| p.sequence.reserved())
+            .prefilling_rows()
+            .map(Sequence::reserved)
             .chain(s.batch.rows().iter().map(Sequence::reserved))
             .map(|r| r.min(context))
             .fold(reserve, usize::max);

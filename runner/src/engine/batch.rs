@@ -103,6 +103,26 @@ impl Batch {
         Ok(())
     }
 
+    /// Adds a group of sequences prefilled together (their prompts but the
+    /// last token in `layers`); each row's next input is its last prompt
+    /// token, as with [`Batch::join`] and `None`.
+    pub fn join_group(&mut self, rows: Vec<Sequence>, layers: Vec<BatchKvCache>) -> Result<()> {
+        for (layer, group) in self.layers.iter_mut().zip(&layers) {
+            layer.merge(group).phase("joining the batch")?;
+        }
+        drop(layers);
+        let mut inputs = Vec::with_capacity(rows.len() + 1);
+        inputs.extend(self.next.take());
+        for mut sequence in rows {
+            sequence.feed_prompt_tail();
+            let last = sequence.prompt.len() - 1;
+            inputs.push(Array::from_slice(&sequence.prompt[last..], &[1]));
+            self.rows.push(sequence);
+        }
+        self.next = Some(concatenate(&inputs, 0).phase("joining the batch")?);
+        Ok(())
+    }
+
     /// One decode step: feeds every row's pending token, dispatches the next,
     /// reads the pending tokens back and hands them to their sequences.
     /// Returns the sequences that left.

@@ -6,6 +6,7 @@
 //! they never wait behind a prefill.
 mod admission;
 pub mod batch;
+mod group;
 pub mod prompt_cache;
 pub mod sequence;
 mod worker;
