@@ -5,10 +5,11 @@
 //!
 //! PROMPTS_JSON is a JSON array of token-id arrays, at least as many as the
 //! largest stream count. For each stream count N, the first N prompts are sent
-//! at once (greedy, MAX_TOKENS each), after a warm-up round of N streams (8
-//! tokens each) on the same prompts rotated by one token, so that the kernels
-//! for N rows are compiled and the prompt cache holds nothing the timed
-//! round can reuse (mlx-lm's BatchGenerator has no prompt cache). Prints one
+//! at once (greedy, MAX_TOKENS each), after a warm-up round of N streams of
+//! the same length on the prompts rotated by one token, so that the kernels
+//! for N rows and every cache length are compiled (on CUDA a short warm-up
+//! left the first timed round ~40% slow) and the prompt cache holds nothing
+//! the timed round can reuse (mlx-lm's BatchGenerator has no prompt cache). Prints one
 //! JSON line per N: total generated tokens, wall seconds from sending to the
 //! last Done, each stream's time to its first text (client side) and its
 //! generated tokens.
@@ -98,7 +99,7 @@ async fn main() -> Result<()> {
                 p
             })
             .collect();
-        round(&client, &warm, max_tokens.min(8)).await?;
+        round(&client, &warm, max_tokens).await?;
         let start = Instant::now();
         let results = round(&client, &prompts[..n], max_tokens).await?;
         let wall = start.elapsed().as_secs_f64();
