@@ -3,7 +3,8 @@
 //! the logits they give one at a time, step after step, while sequences join
 //! and leave; and prompts prefilled together, left-padded, give the logits
 //! each gives alone.
-use std::path::PathBuf;
+mod common;
+use common::fixture;
 
 use grove_runner::cache::{BatchKvCache, KvCache};
 use grove_runner::model::{self, Model};
@@ -13,19 +14,6 @@ use mlx_rs::transforms::eval;
 
 /// Largest difference allowed between a row's logits batched and alone.
 const TOLERANCE: f32 = 1e-4;
-
-fn fixture(name: &str) -> PathBuf {
-    let root = std::env::var_os("GROVE_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.grove/fixtures"));
-    let dir = root.join(name);
-    assert!(
-        dir.join("config.json").is_file(),
-        "fixture {} is missing (make fixtures)",
-        dir.display()
-    );
-    dir
-}
 
 fn read(a: &Array) -> Vec<f32> {
     let a = a

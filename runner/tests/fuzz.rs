@@ -4,6 +4,8 @@
 //! protos. Each must load or fail with a clear error; never panic, never make
 //! one Rust allocation larger than 16 bytes per input byte plus 8 MiB, never
 //! make MLX allocate more than 64 MiB for a model whose weights are ~1 MB.
+mod common;
+use common::fixture;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -21,19 +23,6 @@ use prost::Message;
 
 #[global_allocator]
 static ALLOC: LargestAlloc = LargestAlloc::new();
-
-fn fixture(name: &str) -> PathBuf {
-    let root = std::env::var_os("GROVE_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.grove/fixtures"));
-    let dir = root.join(name);
-    assert!(
-        dir.join("config.json").is_file(),
-        "fixture {} is missing (make fixtures)",
-        dir.display()
-    );
-    dir
-}
 
 fn read(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))

@@ -1,8 +1,9 @@
 //! Pin/sweep: after every prefill chunk and decode step, and after every
 //! request, MLX's active memory is the weights plus the KV buffers plus a small
 //! constant (the in-flight token), and it stays flat across requests.
+mod common;
+use common::fixture;
 use std::cell::Cell;
-use std::path::PathBuf;
 
 use grove_runner::cache::KvCache;
 use grove_runner::engine::prompt_cache::PromptCache;
@@ -17,19 +18,6 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn alone() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn fixture(name: &str) -> PathBuf {
-    let root = std::env::var_os("GROVE_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.grove/fixtures"));
-    let dir = root.join(name);
-    assert!(
-        dir.join("config.json").is_file(),
-        "fixture {} is missing (make fixtures)",
-        dir.display()
-    );
-    dir
 }
 
 /// MLX's active bytes once all queued work has finished.

@@ -18,7 +18,7 @@ use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::{Array, Dtype};
 
-use super::kv::{KvCache, STEP};
+use super::kv::{KvCache, STEP, write_at};
 use super::{AttentionMask, LayerCache, Positions};
 
 /// Keys and values of one layer for every sequence of a batch.
@@ -242,35 +242,9 @@ impl LayerCache for BatchKvCache {
         keys: &Array,
         values: &Array,
     ) -> Result<(Array, Array), Exception> {
-        let prev = self.idx;
-        let len = keys.dim(2);
-        let capacity = self.keys.as_ref().map_or(0, |k| k.dim(2));
-        if self.keys.is_none() || prev + len > capacity {
-            let steps = (STEP + len - 1) / STEP;
-            let grow = |x: &Array, held: Option<Array>| -> Result<Array, Exception> {
-                let shape = [x.dim(0), x.dim(1), steps * STEP, x.dim(3)];
-                let fresh = zeros_dtype(&shape, x.dtype())?;
-                match held {
-                    None => Ok(fresh),
-                    Some(held) => {
-                        let held = held.try_index((.., .., ..prev, ..))?;
-                        concatenate(&[held, fresh], 2)
-                    }
-                }
-            };
-            self.keys = Some(grow(keys, self.keys.take())?);
-            self.values = Some(grow(values, self.values.take())?);
-        }
-        self.idx += len;
-        let (Some(k), Some(v)) = (self.keys.as_mut(), self.values.as_mut()) else {
-            unreachable!("buffers were allocated above")
-        };
-        k.try_index_mut((.., .., prev..self.idx, ..), keys)?;
-        v.try_index_mut((.., .., prev..self.idx, ..), values)?;
-        Ok((
-            k.try_index((.., .., ..self.idx, ..))?,
-            v.try_index((.., .., ..self.idx, ..))?,
-        ))
+        let held = write_at(&mut self.keys, &mut self.values, self.idx, keys, values)?;
+        self.idx += keys.dim(2);
+        Ok(held)
     }
 }
 

@@ -9,6 +9,55 @@ use mlx_rs::ops::{concatenate, zeros_dtype};
 /// Tokens added per growth step.
 pub const STEP: i32 = 256;
 
+/// Writes `keys`/`values` (`[B, H, L, D]`) into time slots `prev..prev + L`
+/// of the buffers, first growing them by whole [`STEP`]s when they are
+/// missing or too short, and returns slots `..prev + L`. Shared by the
+/// single-sequence and the batch caches.
+pub(super) fn write_at(
+    key_buf: &mut Option<Array>,
+    value_buf: &mut Option<Array>,
+    prev: i32,
+    keys: &Array,
+    values: &Array,
+) -> Result<(Array, Array), Exception> {
+    let len = keys.dim(2);
+    let capacity = key_buf.as_ref().map_or(0, |k| k.dim(2));
+    if key_buf.is_none() || prev + len > capacity {
+        let steps = (STEP + len - 1) / STEP;
+        let grow = |x: &Array, held: Option<Array>| -> Result<Array, Exception> {
+            let shape = [x.dim(0), x.dim(1), steps * STEP, x.dim(3)];
+            let fresh = zeros_dtype(&shape, x.dtype())?;
+            match held {
+                None => Ok(fresh),
+                Some(held) => {
+                    let held = if prev % STEP != 0 {
+                        held.try_index((.., .., ..prev, ..))?
+                    } else {
+                        held
+                    };
+                    concatenate(&[held, fresh], 2)
+                }
+            }
+        };
+        *key_buf = Some(grow(keys, key_buf.take())?);
+        *value_buf = Some(grow(values, value_buf.take())?);
+    }
+    let end = prev + len;
+    let (Some(k), Some(v)) = (key_buf.as_mut(), value_buf.as_mut()) else {
+        unreachable!("buffers were allocated above")
+    };
+    k.try_index_mut((.., .., prev..end, ..), keys)?;
+    v.try_index_mut((.., .., prev..end, ..), values)?;
+    if end < k.dim(2) {
+        Ok((
+            k.try_index((.., .., ..end, ..))?,
+            v.try_index((.., .., ..end, ..))?,
+        ))
+    } else {
+        Ok((k.clone(), v.clone()))
+    }
+}
+
 /// Keys and values of one attention layer, `[B, kv_heads, capacity, head_dim]`.
 /// Cloning shares the buffers until either side writes (MLX arrays are
 /// immutable; an update makes a new buffer when the old one is shared).
@@ -50,43 +99,9 @@ impl KvCache {
         keys: &Array,
         values: &Array,
     ) -> Result<(Array, Array), Exception> {
-        let prev = self.offset;
-        let len = keys.dim(2);
-        let capacity = self.keys.as_ref().map_or(0, |k| k.dim(2));
-        if self.keys.is_none() || prev + len > capacity {
-            let steps = (STEP + len - 1) / STEP;
-            let grow = |x: &Array, held: Option<Array>| -> Result<Array, Exception> {
-                let shape = [x.dim(0), x.dim(1), steps * STEP, x.dim(3)];
-                let fresh = zeros_dtype(&shape, x.dtype())?;
-                match held {
-                    None => Ok(fresh),
-                    Some(held) => {
-                        let held = if prev % STEP != 0 {
-                            held.try_index((.., .., ..prev, ..))?
-                        } else {
-                            held
-                        };
-                        concatenate(&[held, fresh], 2)
-                    }
-                }
-            };
-            self.keys = Some(grow(keys, self.keys.take())?);
-            self.values = Some(grow(values, self.values.take())?);
-        }
-        self.offset += len;
-        let (Some(k), Some(v)) = (self.keys.as_mut(), self.values.as_mut()) else {
-            unreachable!("buffers were allocated above")
-        };
-        k.try_index_mut((.., .., prev..self.offset, ..), keys)?;
-        v.try_index_mut((.., .., prev..self.offset, ..), values)?;
-        if self.offset < k.dim(2) {
-            Ok((
-                k.try_index((.., .., ..self.offset, ..))?,
-                v.try_index((.., .., ..self.offset, ..))?,
-            ))
-        } else {
-            Ok((k.clone(), v.clone()))
-        }
+        let held = write_at(&mut self.keys, &mut self.values, self.offset, keys, values)?;
+        self.offset += keys.dim(2);
+        Ok(held)
     }
 
     /// Forgets the last `n` tokens (the buffers stay); returns how many went.

@@ -33,17 +33,24 @@ impl PromptCache {
         self.layers.iter().map(KvCache::nbytes).sum()
     }
 
-    /// Prepares the entry for `prompt`: keeps the longest common prefix (by
-    /// content), at most `prompt.len() - 1` tokens, trims the rest, and returns
-    /// how many tokens are reused.
-    pub fn reuse_for(&mut self, prompt: &[u32]) -> usize {
+    /// Tokens of the entry `prompt` can reuse: their common prefix by
+    /// content, at most `prompt.len() - 1` (the last prompt token is always
+    /// evaluated, for its logits).
+    fn reusable(&self, prompt: &[u32]) -> usize {
         let common = self
             .tokens
             .iter()
             .zip(prompt)
             .take_while(|(a, b)| a == b)
             .count();
-        let keep = common.min(prompt.len().saturating_sub(1));
+        common.min(prompt.len().saturating_sub(1))
+    }
+
+    /// Prepares the entry for `prompt`: keeps the longest common prefix (by
+    /// content), at most `prompt.len() - 1` tokens, trims the rest, and returns
+    /// how many tokens are reused.
+    pub fn reuse_for(&mut self, prompt: &[u32]) -> usize {
+        let keep = self.reusable(prompt);
         self.truncate(keep);
         keep
     }
@@ -54,13 +61,7 @@ impl PromptCache {
     /// so the entry stays whole for the next request. Returns the tokens
     /// reused and the caches.
     pub fn share_prefix(&self, prompt: &[u32]) -> (usize, Vec<KvCache>) {
-        let common = self
-            .tokens
-            .iter()
-            .zip(prompt)
-            .take_while(|(a, b)| a == b)
-            .count();
-        let keep = common.min(prompt.len().saturating_sub(1));
+        let keep = self.reusable(prompt);
         if keep == 0 {
             return (0, (0..self.layers.len()).map(|_| KvCache::new()).collect());
         }

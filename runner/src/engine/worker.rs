@@ -53,6 +53,8 @@ pub(super) struct Loaded {
     pub(super) capacity: usize,
     /// Most sequences prefilling or decoding at once.
     pub(super) parallel: usize,
+    /// MLX runs on the CPU backend (compute-bound: larger passes cost more).
+    pub(super) on_cpu: bool,
 }
 
 /// A sequence evaluating its prompt into caches of its own.
@@ -258,6 +260,7 @@ impl Worker {
             context,
             capacity,
             parallel,
+            on_cpu: crate::model::dtypes::cpu_backend(),
         };
         self.parts.send_replace(Some(Arc::new(parts)));
         self.snapshot.send_modify(|s| {
@@ -381,7 +384,7 @@ impl Worker {
         }
         let budget = if s.batch.is_empty() {
             usize::MAX
-        } else if crate::model::dtypes::cpu_backend() {
+        } else if l.on_cpu {
             INTERLEAVED_CHUNK
         } else {
             INTERLEAVED_CHUNK * g.len()
