@@ -8,6 +8,7 @@ use anyhow::{Result, bail};
 use grove_proto::v1 as pb;
 use grove_proto::v1::grove_client::GroveClient;
 use tokio::io::AsyncBufReadExt;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tonic::transport::Channel;
 
 use super::RunArgs;
@@ -32,12 +33,16 @@ fn options(args: &RunArgs) -> pb::Options {
     }
 }
 
-/// Streams one answer to stdout; returns its text, or None if cancelled.
+/// Streams one answer to stdout; returns its text, or None if cancelled
+/// (Ctrl-C). `interrupts` is the session's one SIGINT listener: it keeps a
+/// signal that arrives while text is being printed, which a listener made
+/// anew for each message would miss.
 async fn answer(
     client: &mut GroveClient<Channel>,
     args: &RunArgs,
     keep_alive: Option<i64>,
     history: &[pb::Message],
+    interrupts: &mut Signal,
 ) -> Result<Option<String>> {
     let req = pb::ChatRequest {
         model: args.model.clone(),
@@ -46,13 +51,20 @@ async fn answer(
         keep_alive_ns: keep_alive,
         ..Default::default()
     };
-    let mut stream = client.chat(req).await?.into_inner();
+    // Ctrl-C also leaves while the model is still loading.
+    let mut stream = tokio::select! {
+        r = client.chat(req) => r?.into_inner(),
+        _ = interrupts.recv() => {
+            println!();
+            return Ok(None);
+        }
+    };
     let mut text = String::new();
     let mut out = std::io::stdout();
     loop {
         let msg = tokio::select! {
             m = stream.message() => m?,
-            _ = tokio::signal::ctrl_c() => {
+            _ = interrupts.recv() => {
                 println!();
                 return Ok(None); // dropping the stream cancels the runner's work
             }
@@ -120,22 +132,31 @@ pub async fn run(
     args: RunArgs,
     keep_alive: Option<i64>,
 ) -> Result<()> {
+    let mut interrupts = signal(SignalKind::interrupt())?;
     let mut history = Vec::new();
     if let Some(system) = &args.system {
         history.push(message(pb::Role::System, system));
     }
     if let Some(prompt) = &args.prompt {
         history.push(message(pb::Role::User, prompt));
-        answer(&mut client, &args, keep_alive, &history).await?;
+        answer(&mut client, &args, keep_alive, &history, &mut interrupts).await?;
         return Ok(());
     }
-    // Load the model up front so the first answer starts at once.
-    client
-        .load(pb::LoadRequest {
-            model: args.model.clone(),
-            keep_alive_ns: keep_alive,
-        })
-        .await?;
+    // Load the model up front so the first answer starts at once; Ctrl-C
+    // while it loads leaves.
+    let load = client.load(pb::LoadRequest {
+        model: args.model.clone(),
+        keep_alive_ns: keep_alive,
+    });
+    tokio::select! {
+        r = load => {
+            r?;
+        }
+        _ = interrupts.recv() => {
+            println!();
+            return Ok(());
+        }
+    }
     let (lines_tx, mut lines) = tokio::sync::mpsc::channel::<String>(16);
     tokio::spawn(async move {
         let mut stdin = tokio::io::BufReader::new(tokio::io::stdin()).lines();
@@ -150,7 +171,7 @@ pub async fn run(
         std::io::stdout().flush()?;
         let line = tokio::select! {
             l = lines.recv() => l,
-            _ = tokio::signal::ctrl_c() => {
+            _ = interrupts.recv() => {
                 println!("\nUse /bye or Ctrl-D to leave.");
                 continue;
             }
@@ -190,7 +211,7 @@ pub async fn run(
             _ => {}
         }
         history.push(message(pb::Role::User, &input));
-        match answer(&mut client, &args, keep_alive, &history).await {
+        match answer(&mut client, &args, keep_alive, &history, &mut interrupts).await {
             Ok(Some(text)) => history.push(message(pb::Role::Assistant, &text)),
             Ok(None) => {
                 history.pop();
