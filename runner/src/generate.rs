@@ -7,7 +7,7 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::{Array, Dtype};
 
-use crate::cache::KvCache;
+use crate::cache::LayerKv;
 use crate::error::{MlxPhase, Result, RunnerError};
 use crate::model::Model;
 use crate::sample::{Sampler, SamplingOptions};
@@ -111,7 +111,7 @@ fn rate(n: f64, seconds: f64) -> f64 {
 
 /// Runs `tokens` (`[1, L]`) through the model and returns the last position's
 /// logits, `[1, V]`.
-fn step(model: &Model, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+fn step(model: &Model, tokens: &Array, caches: &mut [LayerKv]) -> Result<Array> {
     let hidden = model.decoder.forward(tokens, caches).phase("forward")?;
     let last = hidden.try_index((.., -1, ..)).phase("forward")?;
     model.decoder.logits(&last).phase("forward")
@@ -134,9 +134,7 @@ pub fn generate(
     params: &GenerateParams,
     mut on_token: impl FnMut(u32),
 ) -> Result<GenerateOutput> {
-    let mut caches: Vec<KvCache> = (0..model.decoder.num_layers())
-        .map(|_| KvCache::new())
-        .collect();
+    let mut caches = model.new_caches();
     let limits = Limits {
         context: usize::MAX,
         cancelled: &|| false,
@@ -158,7 +156,7 @@ pub enum Stage {
 }
 
 /// A look at the caches after a prefill chunk or decode step.
-pub type Inspect<'a> = dyn Fn(Stage, &[KvCache]) + 'a;
+pub type Inspect<'a> = dyn Fn(Stage, &[LayerKv]) + 'a;
 
 /// Bounds a generation from outside.
 pub struct Limits<'a> {
@@ -177,7 +175,7 @@ pub struct Limits<'a> {
 #[allow(clippy::too_many_arguments)]
 pub fn generate_cached(
     model: &Model,
-    caches: &mut [KvCache],
+    caches: &mut [LayerKv],
     cached: usize,
     prompt: &[u32],
     eos: &[u32],
@@ -200,7 +198,7 @@ pub fn generate_cached(
             limits.context
         )));
     }
-    let vocab = model.spec.vocab as u32;
+    let vocab = model.dims.vocab as u32;
     if let Some(bad) = prompt.iter().find(|&&t| t >= vocab) {
         return Err(RunnerError::Request(format!(
             "prompt token id {bad} is outside the model's vocabulary of {vocab}"
@@ -211,7 +209,7 @@ pub fn generate_cached(
             "prefill chunk must be at least 1 token".into(),
         ));
     }
-    let mut sampler = Sampler::new(&params.sampling, model.spec.vocab as usize)?;
+    let mut sampler = Sampler::new(&params.sampling, model.dims.vocab as usize)?;
     // The ids the penalties look at: the prompt and the tokens read back so far.
     let mut history: Vec<u32> = if sampler.uses_history() {
         prompt.to_vec()
@@ -232,7 +230,7 @@ pub fn generate_cached(
         let chunk = Model::tokens_array(&prompt[done..done + n]);
         let hidden = model.decoder.forward(&chunk, caches).phase("prefill")?;
         drop(hidden);
-        eval(caches.iter().flat_map(KvCache::arrays)).phase("prefill")?;
+        eval(caches.iter().flat_map(LayerKv::arrays)).phase("prefill")?;
         mlx_rs::memory::clear_cache().phase("prefill")?;
         done += n;
         if let Some(inspect) = limits.inspect {
@@ -322,7 +320,14 @@ pub fn generate_cached(
     let fed = fed.min(tokens.len());
     let keep = (prompt.len() + fed) as i32;
     for cache in caches.iter_mut() {
-        cache.trim(cache.offset() - keep);
+        // A windowed layer that cannot go back leaves the caches unusable
+        // for reuse; they are emptied (the caller's entry then misses).
+        if !cache.rewind_to(keep).phase("decode")? {
+            for c in caches.iter_mut() {
+                *c = LayerKv::new(c.kind());
+            }
+            break;
+        }
     }
     Ok(GenerateOutput {
         fed,

@@ -1,7 +1,12 @@
 //! Memory budgets, all derived from measured memory: how many tokens the KV
 //! entry may hold, and the limits MLX is given.
 //!
-//! capacity_tokens = (memory x FRACTION - weight bytes - headroom) / KV bytes per token
+//! capacity_tokens = (memory x FRACTION - weight bytes - headroom - windows)
+//!                   / KV bytes per token of the full-attention layers
+//!
+//! A sliding-window layer holds at most its window (plus a step) per
+//! sequence, whatever the context: `windows` reserves that for every
+//! sequence that may run at once, the prompt-cache entry and its checkpoint.
 use crate::model::Model;
 
 /// Share of memory Grove lets one runner use for weights, KV and activations.
@@ -16,8 +21,10 @@ pub struct Budget {
     pub weight_bytes: u64,
     /// Reserved for activations of one prefill chunk and the logits.
     pub headroom: u64,
-    /// Bytes of keys + values per token, all layers.
+    /// Bytes of keys + values per token, all full-attention layers.
     pub kv_bytes_per_token: u64,
+    /// Bytes the sliding-window layers of one sequence hold at most.
+    pub window_bytes_per_sequence: u64,
     /// Tokens the KV entry may hold.
     pub kv_capacity_tokens: u64,
     /// MLX's memory limit and buffer-cache limit.
@@ -83,39 +90,48 @@ pub fn physical_memory() -> u64 {
 }
 
 impl Budget {
-    /// The budget of `model` with `memory_total` bytes and prefill chunks of `chunk` tokens.
+    /// The budget of `model` with `memory_total` bytes, prefill chunks of
+    /// `chunk` tokens and up to `sequences` sequences at once.
     pub fn new(
         model: &Model,
         (memory_total, memory_source): (u64, MemorySource),
         chunk: u64,
+        sequences: u64,
     ) -> Self {
-        let s = &model.spec;
-        let a = &s.attention;
+        let d = &model.dims;
         let dtype_bytes = match model.dtype() {
             mlx_rs::Dtype::Float16 | mlx_rs::Dtype::Bfloat16 => 2,
             _ => 4,
         };
-        let kv_bytes_per_token =
-            2 * s.layers as u64 * a.kv_heads as u64 * a.head_dim as u64 * dtype_bytes;
+        let per_layer = d.kv_bytes_per_layer_token(dtype_bytes);
+        let full = d.kinds.iter().filter(|k| k.window().is_none()).count() as u64;
+        let kv_bytes_per_token = full * per_layer;
+        let window_bytes_per_sequence: u64 = d
+            .kinds
+            .iter()
+            .filter_map(|k| k.window())
+            .map(|w| (w as u64 + crate::cache::kv::STEP as u64 + 16) * per_layer)
+            .sum();
+        let (hidden, heads, head_dim) = (d.hidden as u64, d.heads as u64, d.head_dim as u64);
         // One chunk's activations: the residual stream and attention/MLP
         // intermediates (a few of each alive at once), attention scores in float32,
         // and float32 logits for a row.
-        let width = (4 * a.hidden as u64
-            + 3 * s.intermediate as u64
-            + 2 * a.heads as u64 * a.head_dim as u64)
-            * dtype_bytes;
-        let scores = a.heads as u64 * chunk * chunk * 4;
-        let headroom = 256 * MIB + chunk * width * 2 + scores + s.vocab as u64 * 4 * 2;
+        let width = (4 * hidden + 3 * d.intermediate as u64 + 2 * heads * head_dim) * dtype_bytes;
+        let scores = heads * chunk * chunk * 4;
+        let headroom = 256 * MIB + chunk * width * 2 + scores + d.vocab as u64 * 4 * 2;
         let usable = (memory_total as f64 * FRACTION) as u64;
         let weight_bytes = model.weight_bytes as u64;
-        let left = usable.saturating_sub(weight_bytes + headroom);
-        let kv_capacity_tokens = left.checked_div(kv_bytes_per_token).unwrap_or(0);
+        let windows = window_bytes_per_sequence * (sequences + 2);
+        let left = usable.saturating_sub(weight_bytes + headroom + windows);
+        // A model of windowed layers only: its context is bounded elsewhere.
+        let kv_capacity_tokens = left.checked_div(kv_bytes_per_token.max(1)).unwrap_or(0);
         Self {
             memory_total,
             memory_source,
             weight_bytes,
             headroom,
             kv_bytes_per_token,
+            window_bytes_per_sequence,
             kv_capacity_tokens,
             mlx_memory_limit: usable,
             // Freed buffers kept for reuse: enough for a chunk's activations.

@@ -6,7 +6,7 @@
 mod common;
 use common::fixture;
 
-use grove_runner::cache::{BatchKvCache, KvCache};
+use grove_runner::cache::{BatchKvCache, LayerKv};
 use grove_runner::model::{self, Model};
 use mlx_rs::Array;
 use mlx_rs::ops::indexing::TryIndexOp;
@@ -38,15 +38,13 @@ fn logits<C: grove_runner::cache::LayerCache>(
 
 /// One sequence alone: its caches and its greedy continuation.
 struct Alone {
-    caches: Vec<KvCache>,
+    caches: Vec<LayerKv>,
     next: u32,
 }
 
 impl Alone {
     fn prefill(model: &Model, prompt: &[u32]) -> (Self, Vec<f32>) {
-        let mut caches: Vec<KvCache> = (0..model.decoder.num_layers())
-            .map(|_| KvCache::new())
-            .collect();
+        let mut caches: Vec<LayerKv> = model.new_caches().into_iter().collect();
         let l = read(&logits(model, &Model::tokens_array(prompt), &mut caches));
         let next = argmax(&l);
         (Self { caches, next }, l)
@@ -87,13 +85,16 @@ fn prompt(seed: u32, len: u32) -> Vec<u32> {
 
 fn check(model_name: &str) {
     let model = model::load(&fixture(model_name)).expect("load");
-    let layers = model.decoder.num_layers();
-    let vocab = model.spec.vocab as usize;
+    let vocab = model.dims.vocab as usize;
     // Three sequences of different lengths, each prefilled alone; a copy of
     // each joins the batch.
     let lengths = [5u32, 40, 300];
     let mut alone = Vec::new();
-    let mut batch: Vec<BatchKvCache> = (0..layers).map(|_| BatchKvCache::new()).collect();
+    let mut batch: Vec<BatchKvCache> = model
+        .kinds()
+        .iter()
+        .map(|&k| BatchKvCache::new(k))
+        .collect();
     let mut rows: Vec<usize> = Vec::new();
     let mut worst = 0.0f32;
     let join = |batch: &mut [BatchKvCache], a: &Alone| {
@@ -158,8 +159,7 @@ fn batched_logits_match_each_sequence_alone_mistral() {
 /// batch they decode as they do alone.
 fn check_group(model_name: &str) {
     let model = model::load(&fixture(model_name)).expect("load");
-    let layers = model.decoder.num_layers();
-    let vocab = model.spec.vocab as usize;
+    let vocab = model.dims.vocab as usize;
     let lengths = [5u32, 40, 300];
     let prompts: Vec<Vec<u32>> = lengths
         .iter()
@@ -171,8 +171,10 @@ fn check_group(model_name: &str) {
         .iter()
         .map(|&l| (longest - l as usize) as i32)
         .collect();
-    let mut group: Vec<BatchKvCache> = (0..layers)
-        .map(|_| BatchKvCache::with_padding(pads.clone()))
+    let mut group: Vec<BatchKvCache> = model
+        .kinds()
+        .iter()
+        .map(|&k| BatchKvCache::with_padding(pads.clone(), k))
         .collect();
     let padded: Vec<Vec<u32>> = prompts
         .iter()
@@ -206,7 +208,11 @@ fn check_group(model_name: &str) {
     }
     // A running batch of one sequence; the group merges into it.
     let (mut first, _) = Alone::prefill(&model, &prompt(30, 17));
-    let mut batch: Vec<BatchKvCache> = (0..layers).map(|_| BatchKvCache::new()).collect();
+    let mut batch: Vec<BatchKvCache> = model
+        .kinds()
+        .iter()
+        .map(|&k| BatchKvCache::new(k))
+        .collect();
     for (layer, cache) in batch.iter_mut().zip(&first.caches) {
         layer.extend_from(cache).unwrap();
     }

@@ -5,7 +5,7 @@ mod common;
 use common::fixture;
 use std::cell::Cell;
 
-use grove_runner::cache::KvCache;
+use grove_runner::cache::LayerKv;
 use grove_runner::engine::prompt_cache::PromptCache;
 use grove_runner::generate::{GenerateParams, Limits, Stage, generate_cached};
 use grove_runner::model;
@@ -28,8 +28,8 @@ fn settled_active() -> i64 {
     mlx_rs::memory::active_memory().expect("active memory") as i64
 }
 
-fn kv_bytes(caches: &[KvCache]) -> i64 {
-    caches.iter().map(KvCache::nbytes).sum::<usize>() as i64
+fn kv_bytes(caches: &[LayerKv]) -> i64 {
+    caches.iter().map(LayerKv::nbytes).sum::<usize>() as i64
 }
 
 #[test]
@@ -38,10 +38,10 @@ fn active_memory_is_weights_plus_kv_plus_a_constant() {
     let model = model::load(&fixture("qwen3-f32")).expect("load");
     let weights = model.weight_bytes as i64;
     let eos: Vec<u32> = Vec::new(); // no EOS: every request runs to its limit
-    let mut cache = PromptCache::new(model.decoder.num_layers());
+    let mut cache = PromptCache::new(model.kinds());
     let worst = Cell::new(i64::MIN);
     let checks = Cell::new(0usize);
-    let inspect = |_stage: Stage, caches: &[KvCache]| {
+    let inspect = |_stage: Stage, caches: &[LayerKv]| {
         let slack = settled_active() - weights - kv_bytes(caches);
         assert!(
             slack <= SLACK,

@@ -9,6 +9,12 @@
 //! row shares is cut and the buffer rebuilt at the size it needs, so a long
 //! sequence that left does not leave its length behind.
 //!
+//! A windowed layer's batch ([`CacheKind::Window`]) masks each query to its
+//! window and, between passes, [`BatchKvCache::slide`]s: the slots no row can
+//! see any more are cut from the front (a row's left padding may then go
+//! negative: it began before the buffer), so it holds about a window, not
+//! the whole sequence. Its rows join from, and leave as, rotating caches.
+//!
 //! Several prompts are prefilled together the same way: a batch made
 //! [`BatchKvCache::with_padding`] takes `[K, L]` left-padded prompt chunks (the pad
 //! slots are masked from every real token), then [`BatchKvCache::merge`]s
@@ -19,7 +25,11 @@ use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::{Array, Dtype};
 
 use super::kv::{KvCache, STEP, write_at};
-use super::{AttentionMask, LayerCache, Positions};
+use super::{AttentionMask, CacheKind, LayerCache, LayerKv, Positions, RotatingKvCache};
+
+/// Slots a windowed batch keeps beyond its window when it slides, so that a
+/// row leaving a few tokens short of the end still has its window.
+const WINDOW_MARGIN: i32 = 16;
 
 /// Keys and values of one layer for every sequence of a batch.
 #[derive(Default)]
@@ -28,8 +38,11 @@ pub struct BatchKvCache {
     values: Option<Array>,
     /// Time slots written so far (the same for every row).
     idx: i32,
-    /// Unused slots before each row's first token.
+    /// Unused slots before each row's first token (negative: the row's
+    /// first tokens were cut, windowed layers only).
     left_padding: Vec<i32>,
+    /// A windowed layer's window.
+    window: Option<i32>,
 }
 
 /// A buffer of capacity `cap` (a whole number of steps) holding `data` in its
@@ -47,18 +60,28 @@ fn capacity_for(len: i32) -> i32 {
 }
 
 impl BatchKvCache {
-    /// An empty batch.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// An empty batch for prompts that are left-padded by `left_padding`
-    /// slots each (to one length), to be prefilled together.
-    pub fn with_padding(left_padding: Vec<i32>) -> Self {
+    /// An empty batch for a layer of `kind`.
+    pub fn new(kind: CacheKind) -> Self {
         Self {
-            left_padding,
+            window: kind.window(),
             ..Self::default()
         }
+    }
+
+    /// An empty batch for a layer of `kind`, for prompts that are
+    /// left-padded by `left_padding` slots each (to one length), to be
+    /// prefilled together.
+    pub fn with_padding(left_padding: Vec<i32>, kind: CacheKind) -> Self {
+        Self {
+            left_padding,
+            window: kind.window(),
+            ..Self::default()
+        }
+    }
+
+    /// The kind of layer this batch serves.
+    pub fn kind(&self) -> CacheKind {
+        self.window.map_or(CacheKind::Full, CacheKind::Window)
     }
 
     /// Rows (sequences).
@@ -134,22 +157,62 @@ impl BatchKvCache {
         Ok(())
     }
 
-    /// Adds the sequence held by a single-sequence cache.
-    pub fn extend_from(&mut self, cache: &KvCache) -> Result<(), Exception> {
-        match cache.buffers() {
-            Some((k, v)) => self.extend(k, v, cache.offset()),
-            None => Err(Exception::custom("joining an empty cache")),
+    /// Adds the sequence held by a single-sequence cache (a rotating one
+    /// holds only the end of its sequence: the row begins before the buffer).
+    pub fn extend_from(&mut self, cache: &LayerKv) -> Result<(), Exception> {
+        match cache {
+            LayerKv::Full(c) => match c.buffers() {
+                Some((k, v)) => self.extend(k, v, c.offset()),
+                None => Err(Exception::custom("joining an empty cache")),
+            },
+            LayerKv::Window(c) => match c.temporal()? {
+                Some((k, v)) => {
+                    let held = k.dim(2);
+                    self.append(&k, &v, held, &[held - c.offset()])
+                }
+                None => Err(Exception::custom("joining an empty cache")),
+            },
         }
+    }
+
+    /// A windowed batch cuts the slots that no row can see any more (all but
+    /// the last window and a margin), once they are a whole step. Call it
+    /// between forward passes, never within one: masks are made before.
+    pub fn slide(&mut self) -> Result<(), Exception> {
+        let Some(window) = self.window else {
+            return Ok(());
+        };
+        let keep = window + WINDOW_MARGIN;
+        if self.idx < keep + STEP {
+            return Ok(());
+        }
+        let cut = self.idx - keep;
+        let compact = |x: &Array| -> Result<Array, Exception> {
+            rebuilt(
+                &x.try_index((.., .., cut..self.idx, ..))?,
+                capacity_for(keep + 1),
+            )
+        };
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            let (k, v) = (compact(k)?, compact(v)?);
+            self.keys = Some(k);
+            self.values = Some(v);
+        }
+        for lp in &mut self.left_padding {
+            *lp -= cut;
+        }
+        self.idx = keep;
+        Ok(())
     }
 
     /// Keeps only the rows `keep` (in that order), then compacts.
     pub fn filter(&mut self, keep: &[usize]) -> Result<(), Exception> {
         if keep.is_empty() {
-            *self = Self::new();
+            *self = Self::new(self.kind());
             return Ok(());
         }
         let left: Vec<i32> = keep.iter().map(|&b| self.left_padding[b]).collect();
-        let cut = left.iter().copied().min().unwrap_or(0);
+        let cut = left.iter().copied().min().unwrap_or(0).max(0);
         let len = self.idx - cut;
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
             let rows: Vec<i32> = keep.iter().map(|&b| b as i32).collect();
@@ -167,21 +230,37 @@ impl BatchKvCache {
         Ok(())
     }
 
-    /// Row `b`'s tokens as a single-sequence cache of its own (copied), e.g.
-    /// for the prompt cache when the sequence ends. Keeps the first `keep`
-    /// tokens of the row at most.
-    pub fn extract(&self, b: usize, keep: i32) -> Result<KvCache, Exception> {
+    /// Row `b`'s first `keep` tokens (at most) as a single-sequence cache of
+    /// its own (copied), e.g. for the prompt cache when the sequence ends: a
+    /// growing cache, or for a windowed layer a rotating one of what the
+    /// buffer still holds (`None` if that is less than the window).
+    pub fn extract(&self, b: usize, keep: i32) -> Result<Option<LayerKv>, Exception> {
         let (Some(k), Some(v)) = (&self.keys, &self.values) else {
-            return Ok(KvCache::new());
+            return Ok(Some(LayerKv::new(self.kind())));
         };
-        let start = self.left_padding[b];
-        let len = keep.min(self.idx - start).max(0);
+        let first = self.left_padding[b];
+        let len = keep.min(self.idx - first).max(0);
+        let start = first.max(0);
+        let end = first + len;
         let row = b as i32;
-        let take = |x: &Array| -> Result<Array, Exception> {
-            let part = x.try_index((row..row + 1, .., start..start + len, ..))?;
-            rebuilt(&part, capacity_for(len))
-        };
-        Ok(KvCache::from_buffers(take(k)?, take(v)?, len))
+        let part = |x: &Array| x.try_index((row..row + 1, .., start..end.max(start), ..));
+        Ok(match self.window {
+            None => Some(LayerKv::Full(KvCache::from_buffers(
+                rebuilt(&part(k)?, capacity_for(len))?,
+                rebuilt(&part(v)?, capacity_for(len))?,
+                len,
+            ))),
+            Some(window) => {
+                let held = (end - start).max(0);
+                RotatingKvCache::from_temporal(
+                    rebuilt(&part(k)?, held)?,
+                    rebuilt(&part(v)?, held)?,
+                    len,
+                    window,
+                )
+                .map(LayerKv::Window)
+            }
+        })
     }
 
     /// The buffers, for evaluation.
@@ -195,14 +274,16 @@ impl BatchKvCache {
     }
 
     fn has_padding(&self) -> bool {
-        self.left_padding.iter().any(|&l| l != 0)
+        self.left_padding.iter().any(|&l| l > 0)
     }
 }
 
 impl LayerCache for BatchKvCache {
     fn positions(&self) -> Result<Positions, Exception> {
-        if !self.has_padding() {
-            return Ok(Positions::Uniform(self.idx));
+        if let Some(&first) = self.left_padding.first()
+            && self.left_padding.iter().all(|&l| l == first)
+        {
+            return Ok(Positions::Uniform(self.idx - first));
         }
         let starts: Vec<i32> = self.left_padding.iter().map(|l| self.idx - l).collect();
         Ok(Positions::PerRow(Array::from_slice(
@@ -211,14 +292,17 @@ impl LayerCache for BatchKvCache {
         )))
     }
 
-    /// mlx-lm's `create_causal_mask(n, offset=idx, left_padding)`: a query at
-    /// slot `idx + j` of row `b` sees key slots `left_padding[b] ..= idx + j`.
-    /// A pad query (a prefilled group's, before its row starts) sees only
-    /// itself, so that no row of attention is empty; real tokens never see
-    /// it. Without padding this is plain causal masking (or none for one
+    /// mlx-lm's `create_causal_mask(n, offset=idx, window, left_padding)`: a
+    /// query at slot `idx + j` of row `b` sees key slots from
+    /// `left_padding[b]` (and within its window) to `idx + j`. A pad query (a
+    /// prefilled group's, before its row starts) sees only itself, so that no
+    /// row of attention is empty; real tokens never see it. Without padding
+    /// or a window to apply this is plain causal masking (or none for one
     /// token).
-    fn mask(&self, n: i32) -> Result<AttentionMask, Exception> {
-        if !self.has_padding() {
+    fn mask(&self, n: i32, window: Option<i32>) -> Result<AttentionMask, Exception> {
+        let window = window.or(self.window);
+        let windowed = window.is_some_and(|w| self.idx + n > w);
+        if !self.has_padding() && !windowed {
             return Ok(if n > 1 {
                 AttentionMask::Causal
             } else {
@@ -230,10 +314,11 @@ impl LayerCache for BatchKvCache {
         let queries =
             Array::arange::<_, i32>(self.idx, self.idx + n, None)?.reshape(&[1, 1, -1, 1])?;
         let left = Array::from_slice(&self.left_padding, &[b, 1, 1, 1]);
-        let mask = keys
-            .ge(&left)?
-            .logical_and(&keys.le(&queries)?)?
-            .logical_or(&keys.eq(&queries)?)?;
+        let mut seen = keys.ge(&left)?.logical_and(&keys.le(&queries)?)?;
+        if let Some(w) = window.filter(|_| windowed) {
+            seen = seen.logical_and(&keys.gt(&queries.subtract(Array::from_int(w))?)?)?;
+        }
+        let mask = seen.logical_or(&keys.eq(&queries)?)?;
         Ok(AttentionMask::Array(mask.as_dtype(Dtype::Bool)?))
     }
 
@@ -267,7 +352,7 @@ mod tests {
 
     #[test]
     fn join_pads_left_leave_compacts() {
-        let mut b = BatchKvCache::new();
+        let mut b = BatchKvCache::new(CacheKind::Full);
         b.extend(&seq(10.0, 3), &seq(10.0, 3), 3).unwrap();
         b.extend(&seq(20.0, 5), &seq(20.0, 5), 5).unwrap();
         assert_eq!((b.rows(), b.idx()), (2, 5));
@@ -286,7 +371,7 @@ mod tests {
             ]
         );
         // The mask hides row 0's padding and nothing of row 1.
-        let AttentionMask::Array(m) = b.mask(1).unwrap() else {
+        let AttentionMask::Array(m) = b.mask(1, None).unwrap() else {
             panic!()
         };
         let m = read(&m.as_dtype(Dtype::Float32).unwrap());
@@ -299,7 +384,7 @@ mod tests {
         assert_eq!(read(&k), vec![10.0, 11.0, 12.0, 13.0, 14.0]);
         assert_eq!(b.nbytes(), 2 * STEP as usize * 4);
         // Extracting gives the row without padding.
-        let one = b.extract(0, 3).unwrap();
+        let one = b.extract(0, 3).unwrap().unwrap();
         assert_eq!(one.offset(), 3);
         b.filter(&[]).unwrap();
         assert_eq!((b.rows(), b.nbytes()), (0, 0));

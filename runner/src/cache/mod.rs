@@ -1,9 +1,12 @@
 //! KV caches: the per-layer growable buffer of one sequence ([`kv::KvCache`]),
-//! the left-padded buffer of a decode batch ([`batch::BatchKvCache`], mlx-lm's
-//! `BatchKVCache`), and the sliding-window one ([`rotating::RotatingKvCache`]).
+//! the sliding-window one ([`rotating::RotatingKvCache`]), either of them as a
+//! sequence's layer ([`layer::LayerKv`], by the layer's [`CacheKind`]), and the
+//! left-padded buffer of a decode batch ([`batch::BatchKvCache`], mlx-lm's
+//! `BatchKVCache`, which also keeps only a window for windowed layers).
 //! Attention reads any of them through [`LayerCache`].
 pub mod batch;
 pub mod kv;
+pub mod layer;
 pub mod rotating;
 
 use mlx_rs::Array;
@@ -12,7 +15,27 @@ use mlx_rs::fast::ScaledDotProductAttentionMask;
 
 pub use batch::BatchKvCache;
 pub use kv::KvCache;
+pub use layer::LayerKv;
 pub use rotating::RotatingKvCache;
+
+/// What a layer attends over, and so which cache it keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheKind {
+    /// Every earlier token (a growing cache).
+    Full,
+    /// Only the last `n` tokens, itself included (a rotating cache of `n`).
+    Window(i32),
+}
+
+impl CacheKind {
+    /// The window, for a windowed layer.
+    pub fn window(self) -> Option<i32> {
+        match self {
+            CacheKind::Full => None,
+            CacheKind::Window(n) => Some(n),
+        }
+    }
+}
 
 /// The attention mask for the next chunk.
 #[derive(Debug, Clone)]
@@ -51,8 +74,9 @@ pub enum Positions {
 pub trait LayerCache {
     /// The rotary positions of the next tokens.
     fn positions(&self) -> Result<Positions, Exception>;
-    /// The mask for the next `n` tokens, taken before they are appended.
-    fn mask(&self, n: i32) -> Result<AttentionMask, Exception>;
+    /// The mask for the next `n` tokens, taken before they are appended;
+    /// `window` limits each query to the last `window` keys (itself included).
+    fn mask(&self, n: i32, window: Option<i32>) -> Result<AttentionMask, Exception>;
     /// Appends `keys`/`values` (`[B, H, L, D]`) and returns all the layer holds.
     fn update_and_fetch(
         &mut self,
@@ -66,11 +90,12 @@ impl LayerCache for KvCache {
         Ok(Positions::Uniform(self.offset()))
     }
 
-    fn mask(&self, n: i32) -> Result<AttentionMask, Exception> {
-        Ok(if n > 1 {
-            AttentionMask::Causal
-        } else {
-            AttentionMask::None
+    /// mlx-lm's `create_attention_mask(N, offset, window_size)` of a `KVCache`.
+    fn mask(&self, n: i32, window: Option<i32>) -> Result<AttentionMask, Exception> {
+        Ok(match window {
+            Some(w) => AttentionMask::Array(rotating::causal_mask(n, self.offset(), Some(w))?),
+            None if n == 1 => AttentionMask::None,
+            None => AttentionMask::Causal,
         })
     }
 

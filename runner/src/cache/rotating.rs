@@ -22,7 +22,8 @@ pub type WindowMask = super::AttentionMask;
 
 /// Keys and values of one sliding-window attention layer, `[B, kv_heads, T, head_dim]`
 /// with `T` at most `max_size` between single-token steps (`max_size - 1 + L` right
-/// after an `L`-token chunk).
+/// after an `L`-token chunk). Cloning shares the buffers until either side writes.
+#[derive(Clone)]
 pub struct RotatingKvCache {
     keys: Option<Array>,
     values: Option<Array>,
@@ -218,6 +219,70 @@ impl RotatingKvCache {
         Ok(out)
     }
 
+    /// A cache that has seen `offset` tokens and holds the last `keys.dim(2)`
+    /// of them oldest first (`[1, H, T, D]`), as after a chunk (`_update_concat`).
+    /// `None` when it holds too few for the next token to see its window.
+    pub fn from_temporal(keys: Array, values: Array, offset: i32, max_size: i32) -> Option<Self> {
+        let held = keys.dim(2);
+        if held > offset || held < offset.min(max_size) {
+            return None;
+        }
+        Some(Self {
+            idx: held,
+            keys: Some(keys),
+            values: Some(values),
+            offset,
+            max_size,
+            keep: 0,
+        })
+    }
+
+    /// The tokens held, oldest first, and how many (the last of `offset`).
+    pub fn temporal(&self) -> Result<Option<(Array, Array)>, Exception> {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => {
+                let (k, v) = (self.temporal_order(k)?, self.temporal_order(v)?);
+                let held = k.dim(2).min(self.offset);
+                Ok(Some((
+                    k.try_index((.., .., ..held, ..))?,
+                    v.try_index((.., .., ..held, ..))?,
+                )))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Forgets the last `n` tokens when the window of the token that then
+    /// comes next is still held: always before anything was evicted, else
+    /// when at least `max_size` tokens remain (they are put back in temporal
+    /// order). False, and nothing changed, when that cannot be.
+    pub fn rewind(&mut self, n: i32) -> Result<bool, Exception> {
+        let n = n.min(self.offset).max(0);
+        if n == 0 {
+            return Ok(true);
+        }
+        if self.is_trimmable() {
+            self.trim(n);
+            return Ok(true);
+        }
+        if self.keep != 0 {
+            return Ok(false);
+        }
+        let Some((k, v)) = self.temporal()? else {
+            return Ok(false);
+        };
+        let left = k.dim(2) - n;
+        let offset = self.offset - n;
+        if left < offset.min(self.max_size) {
+            return Ok(false);
+        }
+        self.keys = Some(k.try_index((.., .., ..left, ..))?);
+        self.values = Some(v.try_index((.., .., ..left, ..))?);
+        self.offset = offset;
+        self.idx = left;
+        Ok(true)
+    }
+
     /// The mask for the next chunk of `n` tokens, taken before the update, as
     /// `cache.make_mask(n)` with no window size (`"causal"` or a window array for
     /// chunks, none for single tokens).
@@ -303,7 +368,11 @@ impl RotatingKvCache {
 
 /// mlx-lm's `create_causal_mask(N, offset, window_size)`: `[n, offset + n]` bools, query
 /// `i` (at position `offset + i`) sees key `j` when `j <= offset + i < j + window`.
-fn causal_mask(n: i32, offset: i32, window_size: Option<i32>) -> Result<Array, Exception> {
+pub(crate) fn causal_mask(
+    n: i32,
+    offset: i32,
+    window_size: Option<i32>,
+) -> Result<Array, Exception> {
     let rinds = Array::arange::<_, i32>(None, offset + n, None)?;
     let linds = Array::arange::<_, i32>(offset, offset + n, None)?.reshape(&[n, 1])?;
     let rinds = rinds.reshape(&[1, offset + n])?;

@@ -117,13 +117,13 @@ impl Worker {
             0 => l.context,
             n => n.min(l.context),
         };
-        let checked = check_prompt(&prompt, context, l.model.spec.vocab as u32, job.is_none());
+        let checked = check_prompt(&prompt, context, l.model.dims.vocab as u32, job.is_none());
         if let Err(e) = checked {
             return Err((client, e));
         }
         let (sampler, chunk, max_tokens, stops) = match &job {
             Some(job) => {
-                let sampler = match Sampler::new(&job.params.sampling, l.model.spec.vocab as usize)
+                let sampler = match Sampler::new(&job.params.sampling, l.model.dims.vocab as usize)
                 {
                     Ok(s) => s,
                     Err(e) => return Err((client, e)),

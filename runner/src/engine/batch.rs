@@ -11,8 +11,9 @@ use mlx_rs::ops::indexing::{TryIndexOp, argmax_axis};
 use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::{Array, Dtype};
 
+use super::prompt_cache::Checkpoint;
 use super::sequence::{Progress, Sequence};
-use crate::cache::{BatchKvCache, KvCache};
+use crate::cache::{BatchKvCache, CacheKind, LayerKv};
 use crate::error::{MlxPhase, Result};
 use crate::generate::FinishReason;
 use crate::model::Model;
@@ -22,8 +23,9 @@ pub struct Left {
     pub sequence: Sequence,
     pub outcome: Progress,
     /// Its KV (prompt and the generated tokens that are text), when it ended
-    /// normally: a candidate for the prompt cache.
-    pub cache: Option<Vec<KvCache>>,
+    /// normally: a candidate for the prompt cache, with the checkpoint of its
+    /// windowed layers taken at the end of its prompt.
+    pub cache: Option<(Vec<LayerKv>, Option<Checkpoint>)>,
 }
 
 /// The running batch.
@@ -36,10 +38,10 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// An empty batch for a model of `layers` layers.
-    pub fn new(layers: usize) -> Self {
+    /// An empty batch for a model whose layers are of `kinds`.
+    pub fn new(kinds: &[CacheKind]) -> Self {
         Self {
-            layers: (0..layers).map(|_| BatchKvCache::new()).collect(),
+            layers: kinds.iter().map(|&k| BatchKvCache::new(k)).collect(),
             rows: Vec::new(),
             next: None,
         }
@@ -76,15 +78,20 @@ impl Batch {
     /// Adds a prefilled sequence: its caches (one per layer) and its next
     /// input: its first sampled token (`[1]`, maybe not evaluated yet), or
     /// with `None` its last prompt token, whose logits the next step samples
-    /// the first token from.
+    /// the first token from. A model with windowed layers keeps them as the
+    /// sequence's checkpoint (the end of its prompt).
     pub fn join(
         &mut self,
         mut sequence: Sequence,
-        caches: Vec<KvCache>,
+        caches: Vec<LayerKv>,
         first: Option<Array>,
     ) -> Result<()> {
         for (layer, cache) in self.layers.iter_mut().zip(&caches) {
             layer.extend_from(cache).phase("joining the batch")?;
+        }
+        if !sequence.is_prewarm() {
+            let held = caches.first().map_or(0, LayerKv::offset) as usize;
+            sequence.checkpoint = Checkpoint::of(&caches, held);
         }
         drop(caches);
         let first = match first {
@@ -110,10 +117,17 @@ impl Batch {
         for (layer, group) in self.layers.iter_mut().zip(&layers) {
             layer.merge(group).phase("joining the batch")?;
         }
+        let mut checkpoints = Vec::with_capacity(rows.len());
+        for (row, sequence) in rows.iter().enumerate() {
+            let held = sequence.prompt.len() - 1;
+            checkpoints
+                .push(Checkpoint::from_batch(&layers, row, held).phase("joining the batch")?);
+        }
         drop(layers);
         let mut inputs = Vec::with_capacity(rows.len() + 1);
         inputs.extend(self.next.take());
-        for mut sequence in rows {
+        for (mut sequence, checkpoint) in rows.into_iter().zip(checkpoints) {
+            sequence.checkpoint = checkpoint;
             sequence.feed_prompt_tail();
             let last = sequence.prompt.len() - 1;
             inputs.push(Array::from_slice(&sequence.prompt[last..], &[1]));
@@ -131,6 +145,9 @@ impl Batch {
             return Ok(Vec::new());
         };
         let b = self.rows.len() as i32;
+        for layer in &mut self.layers {
+            layer.slide().phase("decode")?;
+        }
         // 1. Forward the pending tokens; logits of the one position, [B, V].
         let inputs = y.reshape(&[b, 1]).phase("decode")?;
         let hidden = model
@@ -194,7 +211,7 @@ impl Batch {
             match outcome {
                 Progress::Continue => keep.push(i),
                 Progress::Finished(_) => {
-                    let row = &self.rows[i];
+                    let row = &mut self.rows[i];
                     // The cache holds the prompt and every token fed; a fed
                     // EOS is not text and is not kept.
                     let held = (row.prompt.len() + row.fed.min(row.tokens.len())) as i32;
@@ -202,12 +219,18 @@ impl Batch {
                     for layer in &self.layers {
                         caches.push(layer.extract(i, held).phase("leaving the batch")?);
                     }
-                    // Copied as soon as the step in flight is done:
-                    // unevaluated, the copies would keep the whole batch
-                    // buffers alive through their graph.
-                    async_eval(caches.iter().flat_map(KvCache::arrays))
-                        .phase("leaving the batch")?;
-                    left.push((i, Some(caches)));
+                    // A windowed layer that no longer holds its window
+                    // cannot be cached.
+                    let caches: Option<Vec<LayerKv>> = caches.into_iter().collect();
+                    if let Some(caches) = &caches {
+                        // Copied as soon as the step in flight is done:
+                        // unevaluated, the copies would keep the whole batch
+                        // buffers alive through their graph.
+                        async_eval(caches.iter().flat_map(LayerKv::arrays))
+                            .phase("leaving the batch")?;
+                    }
+                    let checkpoint = row.checkpoint.take();
+                    left.push((i, caches.map(|c| (c, checkpoint))));
                 }
                 Progress::Gone => left.push((i, None)),
             }
@@ -247,7 +270,7 @@ impl Batch {
     /// Empties the batch; the sequences are returned to be failed or ended.
     pub fn drain(&mut self) -> Vec<Sequence> {
         for layer in &mut self.layers {
-            *layer = BatchKvCache::new();
+            *layer = BatchKvCache::new(layer.kind());
         }
         self.next = None;
         std::mem::take(&mut self.rows)

@@ -15,7 +15,7 @@ use mlx_rs::transforms::eval;
 
 use super::sequence::Sequence;
 use super::worker::Prefilling;
-use crate::cache::BatchKvCache;
+use crate::cache::{BatchKvCache, CacheKind};
 use crate::error::{MlxPhase, Result};
 use crate::model::Model;
 
@@ -48,7 +48,7 @@ fn fresh(p: &Prefilling) -> bool {
 impl Group {
     /// Takes up to [`GROUP_MAX`] fresh sequences from `prefilling`, oldest
     /// first, when the oldest is fresh and at least one more is.
-    pub fn form(prefilling: &mut VecDeque<Prefilling>, layers: usize) -> Option<Group> {
+    pub fn form(prefilling: &mut VecDeque<Prefilling>, kinds: &[CacheKind]) -> Option<Group> {
         if !prefilling.front().is_some_and(fresh) {
             return None;
         }
@@ -80,8 +80,9 @@ impl Group {
         let chunk = rows.iter().map(|s| s.chunk).min().unwrap_or(1).max(1);
         let left: Vec<i32> = pads.iter().map(|&p| p as i32).collect();
         Some(Group {
-            layers: (0..layers)
-                .map(|_| BatchKvCache::with_padding(left.clone()))
+            layers: kinds
+                .iter()
+                .map(|&k| BatchKvCache::with_padding(left.clone(), k))
                 .collect(),
             rows,
             tokens,
@@ -131,6 +132,9 @@ impl Group {
             .flat_map(|t| t[start..end].iter().map(|&id| id as i32))
             .collect();
         let chunk = Array::from_slice(&ids, &[k as i32, columns as i32]);
+        for layer in &mut self.layers {
+            layer.slide().phase("prefill")?;
+        }
         let hidden = model
             .decoder
             .forward(&chunk, &mut self.layers)

@@ -1,20 +1,100 @@
 //! The prompt cache: ONE entry, the token ids whose keys and values the
 //! per-layer caches hold. A new prompt reuses the longest common prefix by
 //! token content, and always re-evaluates at least its last token.
-use crate::cache::KvCache;
+//!
+//! A sliding-window layer cannot always go back to that prefix: its rotating
+//! cache has evicted what came before its window. It can when the prefix is
+//! the whole entry (the next turn of a chat continues where the last one
+//! ended) or only a few tokens short of it; otherwise the entry's
+//! [`Checkpoint`] is used: the windowed layers as they were at the end of
+//! the entry's prompt, taken when that prompt was prefilled. A follow-up turn
+//! then reuses the previous prompt and re-evaluates only the previous answer
+//! and the new message, instead of everything. A checkpoint holds one window
+//! per windowed layer (no full layer: those trim back), and it is counted in
+//! the entry's bytes and its capacity in tokens.
+use mlx_rs::Array;
+use mlx_rs::error::Exception;
+
+use crate::cache::{BatchKvCache, CacheKind, LayerKv, RotatingKvCache};
+
+/// The windowed layers of a sequence at a reuse point: after its first
+/// `tokens` tokens.
+#[derive(Clone)]
+pub struct Checkpoint {
+    pub tokens: usize,
+    /// One per layer: the windowed layers' caches, `None` for full layers.
+    windows: Vec<Option<RotatingKvCache>>,
+}
+
+impl Checkpoint {
+    /// The windowed layers of `caches` (a sequence's, holding `tokens`), or
+    /// nothing when the model has none. Shares their buffers: the caches are
+    /// about to be copied into the batch and dropped.
+    pub fn of(caches: &[LayerKv], tokens: usize) -> Option<Self> {
+        let windows: Vec<_> = caches.iter().map(|c| c.as_window().cloned()).collect();
+        windows
+            .iter()
+            .any(Option::is_some)
+            .then_some(Self { tokens, windows })
+    }
+
+    /// Row `row`'s windowed layers from a prefilled group's caches, after its
+    /// first `tokens` tokens (copied).
+    pub fn from_batch(
+        layers: &[BatchKvCache],
+        row: usize,
+        tokens: usize,
+    ) -> Result<Option<Self>, Exception> {
+        if layers.iter().all(|l| l.kind() == CacheKind::Full) {
+            return Ok(None);
+        }
+        let mut windows = Vec::with_capacity(layers.len());
+        for layer in layers {
+            windows.push(match layer.kind() {
+                CacheKind::Full => None,
+                CacheKind::Window(_) => match layer.extract(row, tokens as i32)? {
+                    Some(LayerKv::Window(c)) => Some(c),
+                    _ => return Ok(None),
+                },
+            });
+        }
+        Ok(Some(Self { tokens, windows }))
+    }
+
+    /// Bytes of its buffers.
+    pub fn nbytes(&self) -> usize {
+        self.windows
+            .iter()
+            .flatten()
+            .map(RotatingKvCache::nbytes)
+            .sum()
+    }
+
+    /// The buffers.
+    pub fn arrays(&self) -> impl Iterator<Item = &Array> {
+        self.windows
+            .iter()
+            .flatten()
+            .flat_map(RotatingKvCache::arrays)
+    }
+}
 
 /// The single prefix-matchable KV entry.
 pub struct PromptCache {
+    kinds: Vec<CacheKind>,
     tokens: Vec<u32>,
-    layers: Vec<KvCache>,
+    layers: Vec<LayerKv>,
+    checkpoint: Option<Checkpoint>,
 }
 
 impl PromptCache {
-    /// An empty entry for a model of `layers` layers.
-    pub fn new(layers: usize) -> Self {
+    /// An empty entry for a model whose layers are of `kinds`.
+    pub fn new(kinds: &[CacheKind]) -> Self {
         Self {
+            kinds: kinds.to_vec(),
             tokens: Vec::new(),
-            layers: (0..layers).map(|_| KvCache::new()).collect(),
+            layers: LayerKv::fresh(kinds),
+            checkpoint: None,
         }
     }
 
@@ -28,15 +108,21 @@ impl PromptCache {
         self.tokens.is_empty()
     }
 
-    /// Bytes of the layers' buffers.
+    /// Bytes of the layers' buffers and of the checkpoint.
     pub fn nbytes(&self) -> usize {
-        self.layers.iter().map(KvCache::nbytes).sum()
+        self.layers.iter().map(LayerKv::nbytes).sum::<usize>()
+            + self.checkpoint.as_ref().map_or(0, Checkpoint::nbytes)
     }
 
-    /// Tokens of the entry `prompt` can reuse: their common prefix by
+    /// Bytes of the checkpoint alone.
+    pub fn checkpoint_bytes(&self) -> usize {
+        self.checkpoint.as_ref().map_or(0, Checkpoint::nbytes)
+    }
+
+    /// Tokens of the entry `prompt` could share: their common prefix by
     /// content, at most `prompt.len() - 1` (the last prompt token is always
     /// evaluated, for its logits).
-    fn reusable(&self, prompt: &[u32]) -> usize {
+    fn common(&self, prompt: &[u32]) -> usize {
         let common = self
             .tokens
             .iter()
@@ -46,86 +132,138 @@ impl PromptCache {
         common.min(prompt.len().saturating_sub(1))
     }
 
-    /// Prepares the entry for `prompt`: keeps the longest common prefix (by
-    /// content), at most `prompt.len() - 1` tokens, trims the rest, and returns
-    /// how many tokens are reused.
+    /// The entry's layers taken back to their first `n` tokens (copies that
+    /// share the buffers), if every layer can go back that far.
+    fn rewound(&self, n: usize) -> Option<Vec<LayerKv>> {
+        let mut out = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let mut c = layer.clone();
+            if !c.rewind_to(n as i32).ok()? {
+                return None;
+            }
+            out.push(c);
+        }
+        Some(out)
+    }
+
+    /// The full layers taken back to the checkpoint, its windowed layers in
+    /// place of the entry's.
+    fn restored(&self, cp: &Checkpoint) -> Option<Vec<LayerKv>> {
+        let mut out = Vec::with_capacity(self.layers.len());
+        for (layer, window) in self.layers.iter().zip(&cp.windows) {
+            match window {
+                Some(w) => out.push(LayerKv::Window(w.clone())),
+                None => {
+                    let mut c = layer.clone();
+                    if !c.rewind_to(cp.tokens as i32).ok()? {
+                        return None;
+                    }
+                    out.push(c);
+                }
+            }
+        }
+        Some(out)
+    }
+
+    /// The entry's longest reusable prefix of `prompt` (by content, at most
+    /// `prompt.len() - 1` tokens) as caches of a new sequence's own: they
+    /// share the entry's buffers until the sequence writes, when MLX copies,
+    /// so the entry stays whole for the next request. Where a windowed layer
+    /// cannot go back to the common prefix, the checkpoint is used if it
+    /// lies within it. Returns the tokens reused and the caches.
+    pub fn share_prefix(&self, prompt: &[u32]) -> (usize, Vec<LayerKv>) {
+        let common = self.common(prompt);
+        if common > 0 {
+            if let Some(caches) = self.rewound(common) {
+                return (common, caches);
+            }
+            if let Some(cp) = self
+                .checkpoint
+                .as_ref()
+                .filter(|cp| cp.tokens <= common && cp.tokens > 0)
+                && let Some(caches) = self.restored(cp)
+            {
+                return (cp.tokens, caches);
+            }
+        }
+        (0, LayerKv::fresh(&self.kinds))
+    }
+
+    /// Tokens a prompt would reuse (see [`PromptCache::share_prefix`]).
+    pub fn reusable(&self, prompt: &[u32]) -> usize {
+        self.share_prefix(prompt).0
+    }
+
+    /// Prepares the entry itself for `prompt` (a generation that extends it
+    /// in place): keeps what [`PromptCache::share_prefix`] would share, drops
+    /// the rest, and returns how many tokens are reused.
     pub fn reuse_for(&mut self, prompt: &[u32]) -> usize {
-        let keep = self.reusable(prompt);
-        self.truncate(keep);
+        let (keep, caches) = self.share_prefix(prompt);
+        self.layers = caches;
+        self.tokens.truncate(keep);
+        if self.checkpoint.as_ref().is_some_and(|cp| cp.tokens > keep) {
+            self.checkpoint = None;
+        }
         keep
     }
 
-    /// The entry's longest common prefix with `prompt` (by content, at most
-    /// `prompt.len() - 1` tokens) as caches of a new sequence's own: they
-    /// share the entry's buffers until the sequence writes, when MLX copies,
-    /// so the entry stays whole for the next request. Returns the tokens
-    /// reused and the caches.
-    pub fn share_prefix(&self, prompt: &[u32]) -> (usize, Vec<KvCache>) {
-        let keep = self.reusable(prompt);
-        if keep == 0 {
-            return (0, (0..self.layers.len()).map(|_| KvCache::new()).collect());
-        }
-        let caches = self
-            .layers
-            .iter()
-            .map(|layer| {
-                let mut shared = layer.clone();
-                shared.trim(shared.offset() - keep as i32);
-                shared
-            })
-            .collect();
-        (keep, caches)
-    }
-
     /// Makes `caches` the entry, holding `tokens` (of which the caches may
-    /// hold fewer: only what they hold is recorded).
-    pub fn replace(&mut self, tokens: Vec<u32>, caches: Vec<KvCache>) {
+    /// hold fewer: only what they hold is recorded), with the checkpoint
+    /// taken when its prompt was prefilled.
+    pub fn replace(
+        &mut self,
+        tokens: Vec<u32>,
+        caches: Vec<LayerKv>,
+        checkpoint: Option<Checkpoint>,
+    ) {
         debug_assert_eq!(caches.len(), self.layers.len());
+        let held = caches.first().map_or(0, LayerKv::offset) as usize;
         self.layers = caches;
         self.tokens = tokens;
-        let held = self.layers.first().map_or(0, |l| l.offset()) as usize;
-        self.truncate(held);
+        self.tokens.truncate(held);
+        self.checkpoint = checkpoint.filter(|cp| cp.tokens <= self.tokens.len());
     }
 
     /// The buffers, for inspection.
-    pub fn arrays(&self) -> impl Iterator<Item = &mlx_rs::Array> {
-        self.layers.iter().flat_map(KvCache::arrays)
-    }
-
-    /// Keeps only the first `n` tokens.
-    pub fn truncate(&mut self, n: usize) {
-        let n = n.min(self.tokens.len());
-        self.tokens.truncate(n);
-        for layer in &mut self.layers {
-            layer.trim(layer.offset() - n as i32);
-        }
+    pub fn arrays(&self) -> impl Iterator<Item = &Array> {
+        self.layers
+            .iter()
+            .flat_map(LayerKv::arrays)
+            .chain(self.checkpoint.iter().flat_map(Checkpoint::arrays))
     }
 
     /// The layers, for a generation to extend.
-    pub fn layers_mut(&mut self) -> &mut [KvCache] {
+    pub fn layers_mut(&mut self) -> &mut [LayerKv] {
         &mut self.layers
     }
 
     /// Records what the layers now hold: `tokens`, of which the layers may hold
     /// fewer (the last generated token is never fed back).
     pub fn commit(&mut self, tokens: impl IntoIterator<Item = u32>) {
-        let held = self.layers.first().map_or(0, |l| l.offset()) as usize;
+        let held = self.layers.first().map_or(0, LayerKv::offset) as usize;
         self.tokens.clear();
         self.tokens.extend(tokens.into_iter().take(held));
-        let n = self.tokens.len();
-        self.truncate(n);
+        let n = self.tokens.len() as i32;
+        if n < held as i32 {
+            for layer in &mut self.layers {
+                if !layer.rewind_to(n).unwrap_or(false) {
+                    self.clear();
+                    return;
+                }
+            }
+        }
     }
 
     /// Forgets everything (the buffers are freed).
     pub fn clear(&mut self) {
-        let layers = self.layers.len();
-        *self = Self::new(layers);
+        *self = Self::new(&self.kinds);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::LayerCache;
     use mlx_rs::Array;
 
     fn fill(cache: &mut PromptCache, tokens: &[u32]) {
@@ -139,7 +277,7 @@ mod tests {
 
     #[test]
     fn reuses_common_prefix_by_content() {
-        let mut c = PromptCache::new(2);
+        let mut c = PromptCache::new(&[CacheKind::Full; 2]);
         fill(&mut c, &[1, 2, 3, 4, 5]);
         // Same length, different content after 2 tokens: only 2 reused.
         assert_eq!(c.reuse_for(&[1, 2, 9, 9, 9]), 2);
@@ -149,7 +287,7 @@ mod tests {
 
     #[test]
     fn identical_prompt_reevaluates_one_token() {
-        let mut c = PromptCache::new(1);
+        let mut c = PromptCache::new(&[CacheKind::Full]);
         fill(&mut c, &[7, 8, 9]);
         assert_eq!(c.reuse_for(&[7, 8, 9]), 2);
         assert_eq!(c.reuse_for(&[7]), 0);
@@ -157,7 +295,7 @@ mod tests {
 
     #[test]
     fn longer_conversation_reuses_all_held() {
-        let mut c = PromptCache::new(1);
+        let mut c = PromptCache::new(&[CacheKind::Full]);
         fill(&mut c, &[1, 2, 3]);
         assert_eq!(c.reuse_for(&[1, 2, 3, 4, 5]), 3);
         // A different first token is a miss, whatever the length.
@@ -167,7 +305,7 @@ mod tests {
 
     #[test]
     fn shared_prefix_leaves_the_entry_whole() {
-        let mut c = PromptCache::new(2);
+        let mut c = PromptCache::new(&[CacheKind::Full; 2]);
         fill(&mut c, &[1, 2, 3, 4, 5]);
         let (n, mut caches) = c.share_prefix(&[1, 2, 3, 9]);
         assert_eq!(n, 3);
@@ -178,13 +316,13 @@ mod tests {
         assert_eq!(c.layers_mut()[0].offset(), 5);
         let (n, caches) = c.share_prefix(&[8, 1]);
         assert_eq!((n, caches[0].offset(), caches.len()), (0, 0, 2));
-        c.replace(vec![4, 4, 4], caches);
+        c.replace(vec![4, 4, 4], caches, None);
         assert_eq!(c.len(), 0, "only what the caches hold is recorded");
     }
 
     #[test]
     fn commit_keeps_only_what_the_layers_hold() {
-        let mut c = PromptCache::new(1);
+        let mut c = PromptCache::new(&[CacheKind::Full]);
         fill(&mut c, &[1, 2]);
         c.commit([1, 2, 3]);
         assert_eq!(c.len(), 2);

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use mlx_rs::Array;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
+use super::prompt_cache::Checkpoint;
 use super::{Event, Metrics, Prewarmed};
 use crate::detokenize::{Detokenizer, TokenTable};
 use crate::error::{Result, RunnerError};
@@ -62,6 +63,9 @@ pub struct Sequence {
     /// (it joined with it), not a generated one.
     prompt_pending: bool,
     _slot: Option<OwnedSemaphorePermit>,
+    /// The windowed layers at the end of the prompt (models with sliding
+    /// windows), for the prompt cache.
+    pub checkpoint: Option<Checkpoint>,
     /// Text waiting for a client that reads slowly (never blocks the batch).
     outbox: String,
     stopped_by_string: bool,
@@ -107,6 +111,7 @@ impl Sequence {
             started: Instant::now(),
             first_at: None,
             prompt_pending: false,
+            checkpoint: None,
             outbox: String::new(),
             stopped_by_string: false,
             prompt: spec.prompt,

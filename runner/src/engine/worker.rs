@@ -27,12 +27,12 @@ use tokio::sync::{mpsc, watch};
 use super::admission::refuse;
 use super::batch::{Batch, reason};
 use super::group::Group;
-use super::prompt_cache::PromptCache;
+use super::prompt_cache::{Checkpoint, PromptCache};
 use super::sequence::{Pending, Progress, Sequence};
 use super::{
     Activity, EngineConfig, Facts, Inspector, LoadState, MemoryFigures, Request, Snapshot,
 };
-use crate::cache::KvCache;
+use crate::cache::LayerKv;
 use crate::chat::ChatParts;
 use crate::detokenize::TokenTable;
 use crate::error::{MlxPhase, Result, RunnerError};
@@ -60,7 +60,7 @@ pub(super) struct Loaded {
 /// A sequence evaluating its prompt into caches of its own.
 pub(super) struct Prefilling {
     pub(super) sequence: Sequence,
-    pub(super) caches: Vec<KvCache>,
+    pub(super) caches: Vec<LayerKv>,
 }
 
 pub(super) struct Worker {
@@ -131,7 +131,7 @@ impl Worker {
             waiting: VecDeque::new(),
             prefilling: VecDeque::new(),
             group: None,
-            batch: Batch::new(l.model.decoder.num_layers()),
+            batch: Batch::new(l.model.kinds()),
             pending: Vec::new(),
         };
         let mut open = true;
@@ -212,7 +212,14 @@ impl Worker {
         let opened = crate::source::open(&self.config.model_dir, self.config.cpu_dtypes)?;
         let model = opened.model;
         let tokenizer = Arc::new(opened.tokenizer);
-        let budget = Budget::new(&model, budget_memory(), self.config.prefill_chunk as u64);
+        // Resolved when the engine was spawned.
+        let parallel = self.config.num_parallel.unwrap_or(1).max(1);
+        let budget = Budget::new(
+            &model,
+            budget_memory(),
+            self.config.prefill_chunk as u64,
+            parallel as u64,
+        );
         budget.apply().map_err(|e| RunnerError::Mlx {
             phase: "setting memory limits",
             message: e.to_string(),
@@ -234,8 +241,6 @@ impl Worker {
                 budget.memory_total, budget.weight_bytes
             )));
         }
-        // Resolved when the engine was spawned.
-        let parallel = self.config.num_parallel.unwrap_or(1).max(1);
         let facts = Facts {
             architecture: model.architecture,
             dtype: model.dtype(),
@@ -243,7 +248,7 @@ impl Worker {
             parameter_count: model.parameter_count(),
             context_length: context,
             max_position_embeddings: model.max_position_embeddings,
-            vocab_size: model.spec.vocab as usize,
+            vocab_size: model.dims.vocab as usize,
             num_layers: model.decoder.num_layers(),
             dtypes: model.dtypes,
             gguf: opened.kind == crate::source::SourceKind::Gguf,
@@ -254,7 +259,7 @@ impl Worker {
         let loaded = Loaded {
             eos: tokenizer.eos_ids().to_vec().into(),
             table: Arc::new(TokenTable::new(&tokenizer)),
-            cache: PromptCache::new(model.decoder.num_layers()),
+            cache: PromptCache::new(model.kinds()),
             model,
             budget,
             context,
@@ -279,7 +284,7 @@ impl Worker {
             + s.prefilling
                 .iter()
                 .flat_map(|p| &p.caches)
-                .map(KvCache::nbytes)
+                .map(LayerKv::nbytes)
                 .sum::<usize>()
             + s.group.as_ref().map_or(0, Group::nbytes);
         let figures = MemoryFigures {
@@ -314,7 +319,7 @@ impl Worker {
     /// becomes the prompt-cache entry).
     fn prefill(&self, l: &mut Loaded, s: &mut State, inspect: Option<&Inspector>) {
         if s.group.is_none() {
-            s.group = Group::form(&mut s.prefilling, l.model.decoder.num_layers());
+            s.group = Group::form(&mut s.prefilling, l.model.kinds());
         }
         if s.group.is_some() {
             self.prefill_group(l, s, inspect);
@@ -352,7 +357,8 @@ impl Worker {
             return;
         };
         let Some(first) = first else {
-            l.cache.replace(sequence.prompt.clone(), caches);
+            let checkpoint = Checkpoint::of(&caches, sequence.prompt.len());
+            l.cache.replace(sequence.prompt.clone(), caches, checkpoint);
             s.pending
                 .push(sequence.finish(crate::generate::FinishReason::Length));
             return;
@@ -439,8 +445,8 @@ impl Worker {
         };
         for gone in left {
             match (gone.outcome, gone.cache) {
-                (Progress::Finished(r), Some(caches)) => {
-                    let held = caches.first().map_or(0, KvCache::offset) as usize;
+                (Progress::Finished(r), Some((caches, checkpoint))) => {
+                    let held = caches.first().map_or(0, LayerKv::offset) as usize;
                     let tokens: Vec<u32> = gone
                         .sequence
                         .prompt
@@ -449,7 +455,7 @@ impl Worker {
                         .copied()
                         .take(held)
                         .collect();
-                    l.cache.replace(tokens, caches);
+                    l.cache.replace(tokens, caches, checkpoint);
                     s.pending.push(gone.sequence.finish(r));
                 }
                 (outcome, _) => s.pending.push(gone.sequence.finish(reason(outcome))),
@@ -479,7 +485,7 @@ fn inspect_all(l: &Loaded, s: &State, inspect: Option<&Inspector>) {
             s.prefilling
                 .iter()
                 .flat_map(|p| &p.caches)
-                .flat_map(KvCache::arrays),
+                .flat_map(LayerKv::arrays),
         )
         .chain(s.group.iter().flat_map(Group::arrays))
         .collect();
@@ -506,7 +512,7 @@ enum Advanced {
 fn advance(
     model: &Model,
     seq: &mut Sequence,
-    caches: &mut [KvCache],
+    caches: &mut [LayerKv],
     cap: usize,
 ) -> Result<Advanced> {
     let left = seq.left_to_prefill();
@@ -516,7 +522,7 @@ fn advance(
         let chunk = Model::tokens_array(&seq.prompt[start..start + n]);
         let hidden = model.decoder.forward(&chunk, caches).phase("prefill")?;
         drop(hidden);
-        eval(caches.iter().flat_map(KvCache::arrays)).phase("prefill")?;
+        eval(caches.iter().flat_map(LayerKv::arrays)).phase("prefill")?;
         mlx_rs::memory::clear_cache().phase("prefill")?;
         seq.prefilled += n;
     }

@@ -173,6 +173,18 @@ pub fn typed<T: serde::de::DeserializeOwned>(path: &Path, raw: &Value) -> Result
     serde_json::from_value(raw.clone()).map_err(|e| config_error(path, e.to_string()))
 }
 
+/// Rejects an RMS norm epsilon that is not a positive number.
+pub fn check_eps(path: &Path, eps: f32) -> Result<()> {
+    if eps.is_finite() && eps > 0.0 {
+        Ok(())
+    } else {
+        Err(config_error(
+            path,
+            format!("rms_norm_eps must be positive, not {eps}"),
+        ))
+    }
+}
+
 /// A config error at `path`.
 pub fn config_error(path: &Path, message: String) -> RunnerError {
     RunnerError::Config {

@@ -1,5 +1,7 @@
 //! Llama (1, 2, 3.x): the plain pre-norm decoder with grouped-query attention,
-//! SwiGLU and rotary positions (incl. Llama 3's frequency scaling).
+//! SwiGLU and rotary positions (incl. Llama 3's frequency scaling); biases on
+//! attention and MLP where the config says; sliding-window layers where
+//! `layer_types` names them (as mlx-lm's llama reads it).
 use std::path::Path;
 
 use serde::Deserialize;
@@ -7,7 +9,9 @@ use serde::Deserialize;
 use super::config::config_error;
 use super::layers::attention::AttentionShape;
 use super::layers::decoder::DecoderSpec;
-use super::layers::rope::RopeScalingConfig;
+use super::layers::mlp::{Activation, MlpShape};
+use super::layers::rope::{Rope, RopeScalingConfig};
+use crate::cache::CacheKind;
 use crate::error::Result;
 
 /// `config.json` of a `LlamaForCausalLM`, with mlx-lm's defaults.
@@ -40,6 +44,9 @@ pub struct Config {
     pub tie_word_embeddings: Option<bool>,
     #[serde(default)]
     pub layer_types: Option<Vec<String>>,
+    /// The window of `sliding_attention` layers.
+    #[serde(default)]
+    pub sliding_window: Option<i32>,
 }
 
 fn default_theta() -> f64 {
@@ -47,45 +54,82 @@ fn default_theta() -> f64 {
 }
 
 impl Config {
+    /// Each layer's kind: `layer_types` (full or sliding attention, as
+    /// mlx-lm's llama reads them) or all full.
+    pub fn kinds(&self, path: &Path) -> Result<Vec<CacheKind>> {
+        let Some(types) = &self.layer_types else {
+            return Ok(vec![
+                CacheKind::Full;
+                self.num_hidden_layers.max(0) as usize
+            ]);
+        };
+        if types.len() != self.num_hidden_layers.max(0) as usize {
+            return Err(config_error(
+                path,
+                format!(
+                    "layer_types has {} entries for {} layers",
+                    types.len(),
+                    self.num_hidden_layers
+                ),
+            ));
+        }
+        types
+            .iter()
+            .map(|t| match t.as_str() {
+                "full_attention" => Ok(CacheKind::Full),
+                "sliding_attention" => match self.sliding_window {
+                    Some(w) if w > 0 => Ok(CacheKind::Window(w)),
+                    _ => Err(config_error(
+                        path,
+                        "sliding_attention layers need a positive sliding_window".into(),
+                    )),
+                },
+                other => Err(config_error(
+                    path,
+                    format!("layer type {other:?} is not supported"),
+                )),
+            })
+            .collect()
+    }
+
     /// The decoder this config describes. `has_lm_head` says whether the
     /// checkpoint carries `lm_head.weight`.
     pub fn spec(&self, path: &Path, has_lm_head: bool) -> Result<DecoderSpec> {
-        if self.mlp_bias {
-            return Err(config_error(
-                path,
-                "mlp_bias = true is not supported".into(),
-            ));
-        }
-        if let Some(types) = &self.layer_types
-            && let Some(other) = types.iter().find(|t| t.as_str() != "full_attention")
-        {
-            return Err(config_error(
-                path,
-                format!("layer type {other:?} is not supported yet"),
-            ));
-        }
         let heads = self.num_attention_heads;
+        let head_dim = self.head_dim.unwrap_or(if heads > 0 {
+            self.hidden_size / heads
+        } else {
+            0
+        });
+        let attention = AttentionShape {
+            qkv_bias: self.attention_bias,
+            o_bias: self.attention_bias,
+            ..AttentionShape::plain(
+                self.hidden_size,
+                heads,
+                self.num_key_value_heads.unwrap_or(heads),
+                head_dim,
+            )
+        };
         Ok(DecoderSpec {
             vocab: self.vocab_size,
-            layers: self.num_hidden_layers,
-            intermediate: self.intermediate_size,
             rms_eps: self.rms_norm_eps,
-            attention: AttentionShape {
+            attention,
+            mlp: MlpShape {
                 hidden: self.hidden_size,
-                heads,
-                kv_heads: self.num_key_value_heads.unwrap_or(heads),
-                head_dim: self.head_dim.unwrap_or(if heads > 0 {
-                    self.hidden_size / heads
-                } else {
-                    0
-                }),
-                qkv_bias: self.attention_bias,
-                o_bias: self.attention_bias,
-                qk_norm_eps: None,
+                intermediate: self.intermediate_size,
+                activation: Activation::Silu,
+                bias: self.mlp_bias,
+                fused: false,
             },
-            rope_theta: self.rope_theta,
-            rope_traditional: self.rope_traditional,
-            rope_scaling: self.rope_scaling.clone(),
+            rope: Rope::new(
+                path,
+                head_dim,
+                self.rope_theta,
+                self.rope_traditional,
+                self.rope_scaling.as_ref(),
+            )?,
+            kinds: self.kinds(path)?,
             tie_embeddings: self.tie_word_embeddings.unwrap_or(!has_lm_head),
         })
     }

@@ -1,5 +1,6 @@
 //! Mistral: Llama's decoder; mlx-lm runs it as llama. Its `sliding_window`
-//! (Mistral 7B v0.1) is ignored there too, since every layer attends fully.
+//! alone (Mistral 7B v0.1) changes nothing there, since every layer attends
+//! fully unless `layer_types` names sliding layers, so it changes nothing here.
 use std::path::Path;
 
 use serde::Deserialize;
@@ -8,13 +9,12 @@ use super::layers::decoder::DecoderSpec;
 use super::llama;
 use crate::error::Result;
 
-/// `config.json` of a `MistralForCausalLM`.
+/// `config.json` of a `MistralForCausalLM`: Llama's (which reads
+/// `sliding_window` with `layer_types`).
 #[derive(Debug, Clone, Deserialize)]
 pub struct Config {
     #[serde(flatten)]
     pub llama: llama::Config,
-    #[serde(default)]
-    pub sliding_window: Option<u32>,
 }
 
 impl Config {

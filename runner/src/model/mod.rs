@@ -2,8 +2,10 @@
 //! (converted by [`gguf`]) into a runnable decoder.
 //!
 //! `config.rs` parses what all architectures share and picks the
-//! [`Architecture`]; one file per architecture holds its serde `Config`;
-//! `layers/` holds the building blocks and the shared decoder; [`dtypes`]
+//! [`Architecture`]; one file per architecture holds its serde `Config` (and,
+//! where its blocks differ from the shared decoder's, its model and forward
+//! pass); `layers/` holds the building blocks and the shared pre-norm
+//! decoder; [`network`] is the loaded model of any architecture; [`dtypes`]
 //! picks the dtypes the backend computes fastest in.
 pub mod config;
 pub mod dtypes;
@@ -11,6 +13,7 @@ pub mod gguf;
 pub mod layers;
 pub mod llama;
 pub mod mistral;
+pub mod network;
 pub mod qwen2;
 pub mod qwen3;
 pub mod safetensors;
@@ -24,16 +27,90 @@ use serde_json::Value;
 
 pub use config::{Architecture, QuantParams, Quantization};
 pub use dtypes::{CpuDtypes, DtypeReport};
-use layers::decoder::{Decoder, DecoderSpec};
+use layers::decoder::Decoder;
+pub use network::Network;
 use weights::Weights;
 
+use crate::cache::CacheKind;
 use crate::error::{MlxPhase, Result};
+use config::config_error;
+
+/// The sizes of a model that budgets and checks need, whatever its family.
+#[derive(Debug, Clone)]
+pub struct Dims {
+    pub vocab: i32,
+    pub hidden: i32,
+    pub intermediate: i32,
+    pub heads: i32,
+    pub kv_heads: i32,
+    pub head_dim: i32,
+    /// One per layer.
+    pub kinds: Vec<CacheKind>,
+}
+
+impl Dims {
+    /// Rejects shapes that cannot describe a working model.
+    pub fn validate(&self, path: &Path) -> Result<()> {
+        let positive = [
+            ("vocab_size", self.vocab),
+            ("num_hidden_layers", self.kinds.len() as i32),
+            ("intermediate_size", self.intermediate),
+            ("hidden_size", self.hidden),
+            ("num_attention_heads", self.heads),
+            ("num_key_value_heads", self.kv_heads),
+            ("head_dim", self.head_dim),
+        ];
+        for (name, value) in positive {
+            if value <= 0 {
+                return Err(config_error(
+                    path,
+                    format!("{name} must be positive, not {value}"),
+                ));
+            }
+        }
+        if self.heads % self.kv_heads != 0 {
+            return Err(config_error(
+                path,
+                format!(
+                    "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                    self.heads, self.kv_heads
+                ),
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(config_error(
+                path,
+                format!(
+                    "head_dim {} must be even for rotary embeddings",
+                    self.head_dim
+                ),
+            ));
+        }
+        if let Some(w) = self
+            .kinds
+            .iter()
+            .filter_map(|k| k.window())
+            .find(|&w| w < 1)
+        {
+            return Err(config_error(
+                path,
+                format!("sliding_window must be positive, not {w}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Bytes of keys and values one token takes in one layer.
+    pub fn kv_bytes_per_layer_token(&self, dtype_bytes: u64) -> u64 {
+        2 * self.kv_heads as u64 * self.head_dim as u64 * dtype_bytes
+    }
+}
 
 /// A loaded model and the facts about it.
 pub struct Model {
     pub architecture: Architecture,
-    pub decoder: Decoder,
-    pub spec: DecoderSpec,
+    pub decoder: Network,
+    pub dims: Dims,
     pub quantization: Option<QuantParams>,
     /// The model's own context limit (`max_position_embeddings`), if it states one.
     pub max_position_embeddings: Option<u32>,
@@ -75,25 +152,42 @@ pub fn load_parts(
     let mut weights = Weights::from_map(tensors);
     let path = path.to_owned();
     let has_lm_head = weights.contains("lm_head.weight");
-    let (spec, max_positions) = match architecture {
+    let q = &quantization;
+    let decoder_of = |spec: layers::decoder::DecoderSpec, w: &mut Weights| -> Result<_> {
+        let dims = spec.dims();
+        Ok((Network::Decoder(Decoder::load(&path, w, q, &spec)?), dims))
+    };
+    let ((decoder, dims), max_positions) = match architecture {
         Architecture::Llama => {
             let c: llama::Config = config::typed(&path, &raw)?;
-            (c.spec(&path, has_lm_head)?, c.max_position_embeddings)
+            let spec = c.spec(&path, has_lm_head)?;
+            (decoder_of(spec, &mut weights)?, c.max_position_embeddings)
         }
         Architecture::Mistral => {
             let c: mistral::Config = config::typed(&path, &raw)?;
-            (c.spec(&path, has_lm_head)?, c.llama.max_position_embeddings)
+            let spec = c.spec(&path, has_lm_head)?;
+            (
+                decoder_of(spec, &mut weights)?,
+                c.llama.max_position_embeddings,
+            )
         }
         Architecture::Qwen2 => {
             let c: qwen2::Config = config::typed(&path, &raw)?;
-            (c.spec(&path)?, Some(c.max_position_embeddings))
+            let spec = c.spec(&path)?;
+            (
+                decoder_of(spec, &mut weights)?,
+                Some(c.max_position_embeddings),
+            )
         }
         Architecture::Qwen3 => {
             let c: qwen3::Config = config::typed(&path, &raw)?;
-            (c.spec(&path)?, Some(c.base.max_position_embeddings))
+            let spec = c.spec(&path)?;
+            (
+                decoder_of(spec, &mut weights)?,
+                Some(c.base.max_position_embeddings),
+            )
         }
     };
-    let decoder = Decoder::load(&path, &mut weights, &quantization, &spec)?;
     weights.finish()?;
     let params = decoder.parameters();
     mlx_rs::transforms::eval(params.iter().copied()).phase("loading weights")?;
@@ -101,7 +195,7 @@ pub fn load_parts(
     Ok(Model {
         architecture,
         decoder,
-        spec,
+        dims,
         quantization: quantization.default,
         max_position_embeddings: max_positions,
         weight_bytes,
@@ -127,6 +221,16 @@ impl Model {
                 _ => a.size() as u64,
             })
             .sum()
+    }
+
+    /// Each layer's kind of cache.
+    pub fn kinds(&self) -> &[CacheKind] {
+        &self.dims.kinds
+    }
+
+    /// Fresh caches for one sequence.
+    pub fn new_caches(&self) -> Vec<crate::cache::LayerKv> {
+        crate::cache::LayerKv::fresh(self.kinds())
     }
 
     /// A token-id prompt as the `[1, L]` int32 array the decoder takes.

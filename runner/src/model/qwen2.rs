@@ -3,9 +3,11 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::layers::attention::AttentionShape;
+use super::layers::attention::{AttentionShape, HeadNorm};
 use super::layers::decoder::DecoderSpec;
-use super::layers::rope::RopeScalingConfig;
+use super::layers::mlp::{Activation, MlpShape};
+use super::layers::rope::{Rope, RopeScalingConfig};
+use crate::cache::CacheKind;
 use crate::error::Result;
 
 /// `config.json` of a `Qwen2ForCausalLM`, with mlx-lm's defaults.
@@ -42,40 +44,48 @@ fn default_tie() -> bool {
 
 impl Config {
     /// The decoder this config describes.
-    pub fn spec(&self, _path: &Path) -> Result<DecoderSpec> {
-        Ok(self.spec_with(None, true, None))
+    pub fn spec(&self, path: &Path) -> Result<DecoderSpec> {
+        self.spec_with(path, None, true, None)
     }
 
     /// Shared with Qwen3, which changes the head size, the biases and adds q/k norms.
     pub(super) fn spec_with(
         &self,
+        path: &Path,
         head_dim: Option<i32>,
         qkv_bias: bool,
         qk_norm_eps: Option<f32>,
-    ) -> DecoderSpec {
+    ) -> Result<DecoderSpec> {
         let heads = self.num_attention_heads;
-        DecoderSpec {
+        let head_dim = head_dim.unwrap_or(if heads > 0 {
+            self.hidden_size / heads
+        } else {
+            0
+        });
+        Ok(DecoderSpec {
             vocab: self.vocab_size,
-            layers: self.num_hidden_layers,
-            intermediate: self.intermediate_size,
             rms_eps: self.rms_norm_eps,
             attention: AttentionShape {
-                hidden: self.hidden_size,
-                heads,
-                kv_heads: self.num_key_value_heads,
-                head_dim: head_dim.unwrap_or(if heads > 0 {
-                    self.hidden_size / heads
-                } else {
-                    0
-                }),
                 qkv_bias,
-                o_bias: false,
-                qk_norm_eps,
+                qk_norm: qk_norm_eps.map(|eps| HeadNorm { eps, offset: 0.0 }),
+                ..AttentionShape::plain(self.hidden_size, heads, self.num_key_value_heads, head_dim)
             },
-            rope_theta: self.rope_theta,
-            rope_traditional: self.rope_traditional,
-            rope_scaling: self.rope_scaling.clone(),
+            mlp: MlpShape {
+                hidden: self.hidden_size,
+                intermediate: self.intermediate_size,
+                activation: Activation::Silu,
+                bias: false,
+                fused: false,
+            },
+            rope: Rope::new(
+                path,
+                head_dim,
+                self.rope_theta,
+                self.rope_traditional,
+                self.rope_scaling.as_ref(),
+            )?,
+            kinds: vec![CacheKind::Full; self.num_hidden_layers.max(0) as usize],
             tie_embeddings: self.tie_word_embeddings,
-        }
+        })
     }
 }

@@ -18,9 +18,12 @@ pub struct Config {
 
 impl Config {
     /// The decoder this config describes.
-    pub fn spec(&self, _path: &Path) -> Result<DecoderSpec> {
-        Ok(self
-            .base
-            .spec_with(Some(self.head_dim), false, Some(self.base.rms_norm_eps)))
+    pub fn spec(&self, path: &Path) -> Result<DecoderSpec> {
+        self.base.spec_with(
+            path,
+            Some(self.head_dim),
+            false,
+            Some(self.base.rms_norm_eps),
+        )
     }
 }

@@ -1,8 +1,12 @@
-//! Grouped-query self-attention with rotary positions, optional q/k/v biases
-//! (Qwen2) and optional per-head q/k RMS norms (Qwen3).
-use mlx_rs::Array;
+//! Grouped-query self-attention with rotary positions: q/k/v as three
+//! matrices or one fused `qkv_proj` (Phi-3), optional biases (Qwen2, Llama's
+//! `attention_bias`), optional per-head q/k RMS norms (Qwen3, Gemma 3), the
+//! score scale (Gemma's `query_pre_attn_scalar`) and tanh soft-capping of the
+//! scores (Gemma 2), which `scaled_dot_product_attention` cannot do, so such
+//! a layer computes attention in plain ops as mlx-lm's gemma2 does.
 use mlx_rs::error::Exception;
-use mlx_rs::fast;
+use mlx_rs::ops::{expand_dims, select, softmax_axis, split_at_indices, tanh};
+use mlx_rs::{Array, Dtype, fast};
 
 use super::linear::Linear;
 use super::norm::RmsNorm;
@@ -12,6 +16,13 @@ use crate::error::Result;
 use crate::model::config::Quantization;
 use crate::model::weights::Weights;
 
+/// A per-head q/k RMS norm: its epsilon and the weight's offset (Gemma: 1).
+#[derive(Debug, Clone, Copy)]
+pub struct HeadNorm {
+    pub eps: f32,
+    pub offset: f32,
+}
+
 /// The shape of one attention block.
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionShape {
@@ -19,28 +30,55 @@ pub struct AttentionShape {
     pub heads: i32,
     pub kv_heads: i32,
     pub head_dim: i32,
-    /// Biases on q, k and v (not o).
+    /// Biases on q, k and v.
     pub qkv_bias: bool,
-    /// Biases on o too (Llama's `attention_bias`).
+    /// A bias on o.
     pub o_bias: bool,
-    /// RMS norms over each q and k head before the rotation, with this epsilon.
-    pub qk_norm_eps: Option<f32>,
+    /// RMS norms over each q and k head before the rotation.
+    pub qk_norm: Option<HeadNorm>,
+    /// The score scale; `None`: `head_dim^-0.5`.
+    pub scale: Option<f32>,
+    /// `tanh(scores / c) * c` before the softmax.
+    pub softcap: Option<f32>,
+    /// One `qkv_proj` holding q, k and v's rows.
+    pub fused_qkv: bool,
+}
+
+impl AttentionShape {
+    /// A plain block: separate projections, no biases, norms or capping.
+    pub fn plain(hidden: i32, heads: i32, kv_heads: i32, head_dim: i32) -> Self {
+        Self {
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: None,
+            scale: None,
+            softcap: None,
+            fused_qkv: false,
+        }
+    }
+}
+
+enum Projections {
+    Separate { q: Linear, k: Linear, v: Linear },
+    Fused(Linear),
 }
 
 /// One self-attention block.
 pub struct Attention {
     shape: AttentionShape,
     scale: f32,
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    projections: Projections,
     o: Linear,
     qk_norm: Option<(RmsNorm, RmsNorm)>,
     rope: Rope,
 }
 
 impl Attention {
-    /// Loads `{prefix}.{q,k,v,o}_proj` (and `q_norm`/`k_norm`).
+    /// Loads `{prefix}.{q,k,v,o}_proj` (or `qkv_proj`; and `q_norm`/`k_norm`).
     pub fn load(
         w: &mut Weights,
         quant: &Quantization,
@@ -49,40 +87,36 @@ impl Attention {
         rope: Rope,
     ) -> Result<Self> {
         let (q_out, kv_out) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
-        let qk_norm = match s.qk_norm_eps {
-            Some(eps) => Some((
-                RmsNorm::load(w, &format!("{prefix}.q_norm"), s.head_dim, eps)?,
-                RmsNorm::load(w, &format!("{prefix}.k_norm"), s.head_dim, eps)?,
+        let qk_norm = match s.qk_norm {
+            Some(n) => Some((
+                RmsNorm::load_offset(w, &format!("{prefix}.q_norm"), s.head_dim, n.eps, n.offset)?,
+                RmsNorm::load_offset(w, &format!("{prefix}.k_norm"), s.head_dim, n.eps, n.offset)?,
             )),
             None => None,
         };
+        let linear = |w: &mut Weights, name: &str, out: i32| {
+            Linear::load(
+                w,
+                quant,
+                &format!("{prefix}.{name}"),
+                s.hidden,
+                out,
+                s.qkv_bias,
+            )
+        };
+        let projections = if s.fused_qkv {
+            Projections::Fused(linear(w, "qkv_proj", q_out + 2 * kv_out)?)
+        } else {
+            Projections::Separate {
+                q: linear(w, "q_proj", q_out)?,
+                k: linear(w, "k_proj", kv_out)?,
+                v: linear(w, "v_proj", kv_out)?,
+            }
+        };
         Ok(Self {
             shape: s,
-            scale: (s.head_dim as f32).powf(-0.5),
-            q: Linear::load(
-                w,
-                quant,
-                &format!("{prefix}.q_proj"),
-                s.hidden,
-                q_out,
-                s.qkv_bias,
-            )?,
-            k: Linear::load(
-                w,
-                quant,
-                &format!("{prefix}.k_proj"),
-                s.hidden,
-                kv_out,
-                s.qkv_bias,
-            )?,
-            v: Linear::load(
-                w,
-                quant,
-                &format!("{prefix}.v_proj"),
-                s.hidden,
-                kv_out,
-                s.qkv_bias,
-            )?,
+            scale: s.scale.unwrap_or((s.head_dim as f32).powf(-0.5)),
+            projections,
             o: Linear::load(
                 w,
                 quant,
@@ -107,10 +141,22 @@ impl Attention {
         let (b, l) = (x.dim(0), x.dim(1));
         let s = &self.shape;
         // 1. Project and split into heads: [B, L, H, D].
-        let q = self.q.forward(x)?.reshape(&[b, l, s.heads, -1])?;
-        let k = self.k.forward(x)?.reshape(&[b, l, s.kv_heads, -1])?;
-        let v = self.v.forward(x)?.reshape(&[b, l, s.kv_heads, -1])?;
-        // 2. Per-head norms (Qwen3), then heads first: [B, H, L, D].
+        let (q, k, v) = match &self.projections {
+            Projections::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
+            Projections::Fused(qkv) => {
+                let q_out = s.heads * s.head_dim;
+                let parts = split_at_indices(
+                    qkv.forward(x)?,
+                    &[q_out, q_out + s.kv_heads * s.head_dim],
+                    -1,
+                )?;
+                (parts[0].clone(), parts[1].clone(), parts[2].clone())
+            }
+        };
+        let q = q.reshape(&[b, l, s.heads, -1])?;
+        let k = k.reshape(&[b, l, s.kv_heads, -1])?;
+        let v = v.reshape(&[b, l, s.kv_heads, -1])?;
+        // 2. Per-head norms, then heads first: [B, H, L, D].
         let (q, k) = match &self.qk_norm {
             Some((qn, kn)) => (qn.forward(&q)?, kn.forward(&k)?),
             None => (q, k),
@@ -124,20 +170,93 @@ impl Attention {
         let k = self.rope.forward_at(&k, &positions)?;
         let (k, v) = cache.update_and_fetch(&k, &v)?;
         // 4. Attention under the mask (causal within a chunk, padding hidden in a batch).
-        let out = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.as_sdpa(), None)?;
+        let out = match s.softcap {
+            None => {
+                fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.as_sdpa(), None)?
+            }
+            Some(cap) => self.capped(&q, &k, &v, mask, cap)?,
+        };
         // 5. Merge heads and project out.
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o.forward(&out)
+    }
+
+    /// Attention with soft-capped scores, in mlx-lm gemma2's ops.
+    fn capped(
+        &self,
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        mask: &AttentionMask,
+        cap: f32,
+    ) -> Result<Array, Exception> {
+        let s = &self.shape;
+        let (b, l, d) = (q.dim(0), q.dim(2), q.dim(3));
+        let repeats = s.heads / s.kv_heads;
+        let dtype = q.dtype();
+        let scalar = |x: f32| Array::from_f32(x).as_dtype(dtype);
+        let mut q = q.multiply(scalar(self.scale)?)?;
+        let (mut k, mut v) = (k.clone(), v.clone());
+        if repeats > 1 {
+            q = q.reshape(&[b, s.kv_heads, repeats, l, d])?;
+            k = expand_dims(&k, 2)?;
+            v = expand_dims(&v, 2)?;
+        }
+        let scores = q.matmul(k.swap_axes(-1, -2)?)?;
+        let cap = scalar(cap)?;
+        let scores = tanh(scores.divide(&cap)?)?.multiply(&cap)?;
+        let keys = k.dim(-2);
+        let mask = match mask {
+            AttentionMask::None => None,
+            AttentionMask::Causal => {
+                let queries = Array::arange::<_, i32>(keys - l, keys, None)?.reshape(&[-1, 1])?;
+                let all = Array::arange::<_, i32>(None, keys, None)?.reshape(&[1, -1])?;
+                Some(queries.ge(&all)?)
+            }
+            AttentionMask::Array(m) => Some(m.clone()),
+        };
+        let scores = match mask {
+            None => scores,
+            Some(m) => {
+                // A batch's [B, 1, N, K] mask lines up with [B, kv, repeats, N, K].
+                let m = if repeats > 1 && m.ndim() == 4 {
+                    expand_dims(&m, -3)?
+                } else {
+                    m
+                };
+                let lowest = Array::from_f32(dtype_min(dtype)).as_dtype(dtype)?;
+                select(&m, &scores, &lowest)?
+            }
+        };
+        let weights = softmax_axis(&scores, -1, true)?;
+        let out = weights.matmul(&v)?;
+        if repeats > 1 {
+            out.reshape(&[b, s.heads, l, d])
+        } else {
+            Ok(out)
+        }
+    }
+}
+
+/// `mx.finfo(dtype).min` of the float dtypes.
+fn dtype_min(dtype: Dtype) -> f32 {
+    match dtype {
+        Dtype::Float16 => -65504.0,
+        Dtype::Bfloat16 => -3.389_531_4e38,
+        _ => f32::MIN,
     }
 }
 
 impl Attention {
     /// The arrays this block holds.
     pub fn parameters(&self) -> Vec<&Array> {
-        let mut out: Vec<&Array> = [&self.q, &self.k, &self.v, &self.o]
-            .into_iter()
-            .flat_map(Linear::parameters)
-            .collect();
+        let mut out: Vec<&Array> = match &self.projections {
+            Projections::Separate { q, k, v } => {
+                [q, k, v].into_iter().flat_map(Linear::parameters).collect()
+            }
+            Projections::Fused(qkv) => qkv.parameters(),
+        };
+        out.extend(self.o.parameters());
         if let Some((qn, kn)) = &self.qk_norm {
             out.extend(qn.parameters());
             out.extend(kn.parameters());

@@ -1,5 +1,8 @@
-//! The pre-norm decoder-only transformer that Llama, Mistral, Qwen2 and Qwen3
-//! share; each architecture file maps its config onto a [`DecoderSpec`].
+//! The pre-norm decoder-only transformer that Llama, Mistral, Qwen2, Qwen3
+//! and Phi-3 share (`h += attn(norm(h)); h += mlp(norm(h))`); each of those
+//! architecture files maps its config onto a [`DecoderSpec`]. Families whose
+//! blocks differ (Gemma's four norms per block) have their own model files
+//! over the same blocks.
 use std::path::Path;
 
 use mlx_rs::Array;
@@ -8,71 +11,42 @@ use mlx_rs::error::Exception;
 use super::attention::{Attention, AttentionShape};
 use super::embedding::Embedding;
 use super::linear::Linear;
-use super::mlp::Mlp;
+use super::masks::Masks;
+use super::mlp::{Mlp, MlpShape};
 use super::norm::RmsNorm;
-use super::rope::{Rope, RopeScalingConfig};
-use crate::cache::LayerCache;
+use super::rope::Rope;
+use crate::cache::{CacheKind, LayerCache};
 use crate::error::Result;
-use crate::model::config::{Quantization, config_error};
+use crate::model::Dims;
+use crate::model::config::{Quantization, check_eps};
 use crate::model::weights::Weights;
 
 /// Everything that fixes a decoder's shape.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DecoderSpec {
     pub vocab: i32,
-    pub layers: i32,
-    pub intermediate: i32,
     pub rms_eps: f32,
     pub attention: AttentionShape,
-    pub rope_theta: f64,
-    pub rope_traditional: bool,
-    pub rope_scaling: Option<RopeScalingConfig>,
+    pub mlp: MlpShape,
+    pub rope: Rope,
+    /// One per layer: full attention, or a sliding window.
+    pub kinds: Vec<CacheKind>,
     pub tie_embeddings: bool,
 }
 
 impl DecoderSpec {
-    /// Rejects shapes that cannot describe a working model.
-    pub fn validate(&self, path: &Path) -> Result<()> {
+    /// The sizes the runner's budgets need.
+    pub fn dims(&self) -> Dims {
         let a = &self.attention;
-        let positive = [
-            ("vocab_size", self.vocab),
-            ("num_hidden_layers", self.layers),
-            ("intermediate_size", self.intermediate),
-            ("hidden_size", a.hidden),
-            ("num_attention_heads", a.heads),
-            ("num_key_value_heads", a.kv_heads),
-            ("head_dim", a.head_dim),
-        ];
-        for (name, value) in positive {
-            if value <= 0 {
-                return Err(config_error(
-                    path,
-                    format!("{name} must be positive, not {value}"),
-                ));
-            }
+        Dims {
+            vocab: self.vocab,
+            hidden: a.hidden,
+            intermediate: self.mlp.intermediate,
+            heads: a.heads,
+            kv_heads: a.kv_heads,
+            head_dim: a.head_dim,
+            kinds: self.kinds.clone(),
         }
-        if a.heads % a.kv_heads != 0 {
-            return Err(config_error(
-                path,
-                format!(
-                    "num_attention_heads {} is not a multiple of num_key_value_heads {}",
-                    a.heads, a.kv_heads
-                ),
-            ));
-        }
-        if a.head_dim % 2 != 0 {
-            return Err(config_error(
-                path,
-                format!("head_dim {} must be even for rotary embeddings", a.head_dim),
-            ));
-        }
-        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
-            return Err(config_error(
-                path,
-                format!("rms_norm_eps must be positive, not {}", self.rms_eps),
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -87,6 +61,7 @@ struct Block {
 pub struct Decoder {
     embed: Embedding,
     blocks: Vec<Block>,
+    kinds: Vec<CacheKind>,
     norm: RmsNorm,
     lm_head: Option<Linear>,
 }
@@ -99,22 +74,16 @@ impl Decoder {
         quant: &Quantization,
         spec: &DecoderSpec,
     ) -> Result<Self> {
-        spec.validate(path)?;
+        spec.dims().validate(path)?;
+        check_eps(path, spec.rms_eps)?;
         let hidden = spec.attention.hidden;
-        let rope = Rope::new(
-            path,
-            spec.attention.head_dim,
-            spec.rope_theta,
-            spec.rope_traditional,
-            spec.rope_scaling.as_ref(),
-        )?;
         // Precomputed rotary tables some checkpoints carry are not used.
         w.discard(|name| name.ends_with(".rotary_emb.inv_freq"));
         let embed = Embedding::load(w, quant, "model.embed_tokens", spec.vocab, hidden)?;
         // Grown layer by layer: the config's count is only a claim until the
         // tensors of each layer are found.
         let mut blocks = Vec::new();
-        for i in 0..spec.layers {
+        for i in 0..spec.kinds.len() {
             let p = format!("model.layers.{i}");
             blocks.push(Block {
                 input_norm: RmsNorm::load(
@@ -128,7 +97,7 @@ impl Decoder {
                     quant,
                     &format!("{p}.self_attn"),
                     spec.attention,
-                    rope.clone(),
+                    spec.rope.clone(),
                 )?,
                 post_norm: RmsNorm::load(
                     w,
@@ -136,7 +105,7 @@ impl Decoder {
                     hidden,
                     spec.rms_eps,
                 )?,
-                mlp: Mlp::load(w, quant, &format!("{p}.mlp"), hidden, spec.intermediate)?,
+                mlp: Mlp::load(w, quant, &format!("{p}.mlp"), spec.mlp)?,
             });
         }
         let norm = RmsNorm::load(w, "model.norm", hidden, spec.rms_eps)?;
@@ -152,14 +121,15 @@ impl Decoder {
         Ok(Self {
             embed,
             blocks,
+            kinds: spec.kinds.clone(),
             norm,
             lm_head,
         })
     }
 
-    /// Number of layers, i.e. of KV caches a forward pass needs.
-    pub fn num_layers(&self) -> usize {
-        self.blocks.len()
+    /// Each layer's kind of cache.
+    pub fn kinds(&self) -> &[CacheKind] {
+        &self.kinds
     }
 
     /// Runs `tokens` (`[B, L]` int32) through every block, appending to `caches`
@@ -172,17 +142,16 @@ impl Decoder {
     ) -> Result<Array, Exception> {
         // 1. Embed the tokens.
         let mut h = self.embed.forward(tokens)?;
-        // 2. One mask for every layer: causal within a chunk, a single token
-        //    sees the cache, a batch hides each row's padding.
-        let mask = match caches.first() {
-            Some(c) => c.mask(tokens.dim(1))?,
-            None => return Err(Exception::custom("no caches")),
-        };
+        // 2. One mask per kind of layer: causal within a chunk, a single token
+        //    sees the cache, a window limits what it sees, a batch hides each
+        //    row's padding.
+        let masks = Masks::new(&self.kinds, caches, tokens.dim(1))?;
         // 3. Each block: h += attention(norm(h)); h += mlp(norm(h)).
-        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
-            let r = block
-                .attention
-                .forward(&block.input_norm.forward(&h)?, cache, &mask)?;
+        for ((block, cache), &kind) in self.blocks.iter().zip(caches.iter_mut()).zip(&self.kinds) {
+            let r =
+                block
+                    .attention
+                    .forward(&block.input_norm.forward(&h)?, cache, masks.of(kind))?;
             let h1 = h.add(&r)?;
             let r = block.mlp.forward(&block.post_norm.forward(&h1)?)?;
             h = h1.add(&r)?;

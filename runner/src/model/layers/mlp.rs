@@ -1,46 +1,109 @@
-//! The gated feed-forward block: `down(silu(gate(x)) * up(x))`.
-use mlx_rs::Array;
+//! The gated feed-forward block: `down(act(gate(x)) * up(x))`, with SiLU
+//! (Llama, Qwen, Phi-3) or tanh-approximated GELU (Gemma); gate and up as two
+//! matrices or one fused `gate_up_proj` (Phi-3); biases where the config says.
 use mlx_rs::error::Exception;
-use mlx_rs::ops::sigmoid;
+use mlx_rs::ops::{sigmoid, split_equal, tanh};
+use mlx_rs::{Array, Dtype};
 
 use super::linear::Linear;
 use crate::error::Result;
 use crate::model::config::Quantization;
 use crate::model::weights::Weights;
 
-/// `silu(gate) * up`. (mlx-rs's `compile` of this, as mlx-lm fuses it, was
-/// measured slower per step on the H200: 125-136 vs 188-198 tok/s on a
-/// Llama-8B shape, so it stays three plain ops.)
-fn swiglu(gate: &Array, up: &Array) -> Result<Array, Exception> {
-    gate.multiply(sigmoid(gate)?)?.multiply(up)
+/// The gate's activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `x * sigmoid(x)` (SwiGLU).
+    Silu,
+    /// mlx's `nn.gelu_approx`: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    GeluApprox,
 }
 
-/// SwiGLU MLP.
+/// How the block's matrices are stored.
+#[derive(Debug, Clone, Copy)]
+pub struct MlpShape {
+    pub hidden: i32,
+    pub intermediate: i32,
+    pub activation: Activation,
+    /// Biases on gate, up and down (Llama's `mlp_bias`).
+    pub bias: bool,
+    /// One `gate_up_proj` of `2 * intermediate` rows, gate first (Phi-3).
+    pub fused: bool,
+}
+
+/// A scalar in `x`'s dtype, as mlx turns a Python float into one.
+fn scalar(v: f64, dtype: Dtype) -> Result<Array, Exception> {
+    Array::from_f32(v as f32).as_dtype(dtype)
+}
+
+/// `act(gate) * up`. (mlx-rs's `compile` of this, as mlx-lm fuses it, was
+/// measured slower per step on the H200: 125-136 vs 188-198 tok/s on a
+/// Llama-8B shape, so it stays plain ops.)
+fn gated(act: Activation, gate: &Array, up: &Array) -> Result<Array, Exception> {
+    match act {
+        Activation::Silu => gate.multiply(sigmoid(gate)?)?.multiply(up),
+        Activation::GeluApprox => {
+            let d = gate.dtype();
+            let cube = gate.power(scalar(3.0, d)?)?;
+            let inner = gate.add(scalar(0.044715, d)?.multiply(&cube)?)?;
+            let t = tanh(scalar((2.0 / std::f64::consts::PI).sqrt(), d)?.multiply(&inner)?)?;
+            scalar(0.5, d)?
+                .multiply(gate)?
+                .multiply(scalar(1.0, d)?.add(&t)?)?
+                .multiply(up)
+        }
+    }
+}
+
+enum Projections {
+    Separate { gate: Linear, up: Linear },
+    Fused(Linear),
+}
+
+/// A gated MLP.
 pub struct Mlp {
-    gate: Linear,
-    up: Linear,
+    projections: Projections,
     down: Linear,
+    activation: Activation,
 }
 
 impl Mlp {
-    /// Loads `{prefix}.{gate,up,down}_proj`.
-    pub fn load(
-        w: &mut Weights,
-        q: &Quantization,
-        prefix: &str,
-        hidden: i32,
-        inter: i32,
-    ) -> Result<Self> {
+    /// Loads `{prefix}.{gate,up,down}_proj` (or `gate_up_proj` and `down_proj`).
+    pub fn load(w: &mut Weights, q: &Quantization, prefix: &str, s: MlpShape) -> Result<Self> {
+        let (h, i) = (s.hidden, s.intermediate);
+        let projections = if s.fused {
+            Projections::Fused(Linear::load(
+                w,
+                q,
+                &format!("{prefix}.gate_up_proj"),
+                h,
+                2 * i,
+                s.bias,
+            )?)
+        } else {
+            Projections::Separate {
+                gate: Linear::load(w, q, &format!("{prefix}.gate_proj"), h, i, s.bias)?,
+                up: Linear::load(w, q, &format!("{prefix}.up_proj"), h, i, s.bias)?,
+            }
+        };
         Ok(Self {
-            gate: Linear::load(w, q, &format!("{prefix}.gate_proj"), hidden, inter, false)?,
-            up: Linear::load(w, q, &format!("{prefix}.up_proj"), hidden, inter, false)?,
-            down: Linear::load(w, q, &format!("{prefix}.down_proj"), inter, hidden, false)?,
+            projections,
+            down: Linear::load(w, q, &format!("{prefix}.down_proj"), i, h, s.bias)?,
+            activation: s.activation,
         })
     }
 
     /// Applies the block.
     pub fn forward(&self, x: &Array) -> Result<Array, Exception> {
-        let gated = swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?;
+        let gated = match &self.projections {
+            Projections::Separate { gate, up } => {
+                gated(self.activation, &gate.forward(x)?, &up.forward(x)?)?
+            }
+            Projections::Fused(gate_up) => {
+                let parts = split_equal(&gate_up.forward(x)?, 2, -1)?;
+                gated(self.activation, &parts[0], &parts[1])?
+            }
+        };
         self.down.forward(&gated)
     }
 }
@@ -48,9 +111,14 @@ impl Mlp {
 impl Mlp {
     /// The arrays this block holds.
     pub fn parameters(&self) -> Vec<&Array> {
-        [&self.gate, &self.up, &self.down]
-            .into_iter()
-            .flat_map(Linear::parameters)
-            .collect()
+        let mut out = match &self.projections {
+            Projections::Separate { gate, up } => [gate, up]
+                .into_iter()
+                .flat_map(Linear::parameters)
+                .collect(),
+            Projections::Fused(gate_up) => gate_up.parameters(),
+        };
+        out.extend(self.down.parameters());
+        out
     }
 }

@@ -3,6 +3,7 @@ pub mod attention;
 pub mod decoder;
 pub mod embedding;
 pub mod linear;
+pub mod masks;
 pub mod mlp;
 pub mod norm;
 pub mod rope;

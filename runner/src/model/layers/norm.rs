@@ -1,4 +1,5 @@
-//! RMS normalisation (`mx.fast.rms_norm`).
+//! RMS normalisation (`mx.fast.rms_norm`), with the weight as stored or, as
+//! Gemma's norms use it, offset by one (`1 + weight`).
 use mlx_rs::error::Exception;
 use mlx_rs::{Array, fast};
 
@@ -18,6 +19,28 @@ impl RmsNorm {
             weight: w.take_float(&format!("{prefix}.weight"), &[dim])?,
             eps,
         })
+    }
+
+    /// Loads `{prefix}.weight` and uses `offset + weight` (Gemma: 1), added in
+    /// the weight's dtype as mlx-lm adds it on every call.
+    pub fn load_offset(
+        w: &mut Weights,
+        prefix: &str,
+        dim: i32,
+        eps: f32,
+        offset: f32,
+    ) -> Result<Self> {
+        let mut norm = Self::load(w, prefix, dim, eps)?;
+        if offset != 0.0 {
+            let shift = Array::from_f32(offset)
+                .as_dtype(norm.weight.dtype())
+                .map_err(|e| crate::error::RunnerError::Weights(format!("{prefix}: {e}")))?;
+            norm.weight = norm
+                .weight
+                .add(&shift)
+                .map_err(|e| crate::error::RunnerError::Weights(format!("{prefix}: {e}")))?;
+        }
+        Ok(norm)
     }
 
     /// Normalises over the last axis.

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use mlx_rs::error::Exception;
-use mlx_rs::ops::{arange, select};
+use mlx_rs::ops::{arange, concatenate, select, split_at_indices};
 use mlx_rs::{Array, fast};
 use serde::Deserialize;
 
@@ -99,6 +99,8 @@ pub struct Rope {
     base: Option<f32>,
     scale: f32,
     freqs: Option<Array>,
+    /// Multiplies the rotated features first (Phi-3's su/longrope scale).
+    pre_scale: Option<f32>,
 }
 
 impl Rope {
@@ -123,6 +125,7 @@ impl Rope {
                 base: Some(base as f32),
                 scale: 1.0,
                 freqs: None,
+                pre_scale: None,
             },
             Scaling::Linear { factor } => Self {
                 dims,
@@ -130,6 +133,7 @@ impl Rope {
                 base: Some(base as f32),
                 scale: (1.0 / factor) as f32,
                 freqs: None,
+                pre_scale: None,
             },
             Scaling::Llama3 {
                 factor,
@@ -141,6 +145,7 @@ impl Rope {
                 traditional,
                 base: None,
                 scale: 1.0,
+                pre_scale: None,
                 freqs: Some(
                     llama3_freqs(dims, base, factor, low, high, original).map_err(|e| {
                         config_error(path, format!("computing llama3 rope frequencies: {e}"))
@@ -151,9 +156,49 @@ impl Rope {
         Ok(rope)
     }
 
+    /// mlx-lm's `SuScaledRoPE` (Phi-3's su/longrope scaling): frequencies
+    /// `long_factor * base^(2i/dims)`, the rotated features scaled by `scale`
+    /// first.
+    pub fn su_scaled(dims: i32, base: f64, long_factor: &[f32], scale: f32) -> Result<Self> {
+        let make = || -> Result<Array, Exception> {
+            let exponents = arange::<_, f32>(0, dims, 2)?.divide(Array::from_f32(dims as f32))?;
+            let freqs = Array::from_f32(base as f32).power(&exponents)?;
+            let factors = Array::from_slice(long_factor, &[long_factor.len() as i32]);
+            let out = factors.multiply(&freqs)?;
+            out.eval()?;
+            Ok(out)
+        };
+        let freqs = make().map_err(|e| crate::error::RunnerError::Config {
+            path: Default::default(),
+            message: format!("rope_scaling long_factor: {e}"),
+        })?;
+        Ok(Self {
+            dims,
+            traditional: false,
+            base: None,
+            scale: 1.0,
+            freqs: Some(freqs),
+            pre_scale: Some(scale),
+        })
+    }
+
+    /// `x` with its first `dims` features multiplied by the pre-scale.
+    fn scaled(&self, x: &Array) -> Result<Array, Exception> {
+        let Some(s) = self.pre_scale else {
+            return Ok(x.clone());
+        };
+        let s = Array::from_f32(s).as_dtype(x.dtype())?;
+        if x.dim(-1) == self.dims {
+            return x.multiply(&s);
+        }
+        let parts = split_at_indices(x, &[self.dims], -1)?;
+        concatenate(&[parts[0].multiply(&s)?, parts[1].clone()], -1)
+    }
+
     /// Applies the rotation to `x` (`[B, heads, L, head_dim]`) at `positions`
     /// (one start for all rows, or one per row).
     pub fn forward_at(&self, x: &Array, positions: &Positions) -> Result<Array, Exception> {
+        let x = &self.scaled(x)?;
         match positions {
             Positions::Uniform(offset) => self.forward(x, *offset),
             Positions::PerRow(offsets) => fast::rope_dynamic(

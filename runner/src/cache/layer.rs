@@ -1,0 +1,108 @@
+//! One layer of one sequence's cache, by the layer's [`CacheKind`]: a growing
+//! [`KvCache`] for a layer that attends over everything, a
+//! [`RotatingKvCache`] of the window for a sliding-window layer (mlx-lm's
+//! `make_cache` of each architecture).
+use mlx_rs::Array;
+use mlx_rs::error::Exception;
+
+use super::{AttentionMask, CacheKind, KvCache, LayerCache, Positions, RotatingKvCache};
+
+/// A sequence's cache of one layer. Cloning shares the buffers until either
+/// side writes.
+#[derive(Clone)]
+pub enum LayerKv {
+    Full(KvCache),
+    Window(RotatingKvCache),
+}
+
+impl LayerKv {
+    /// An empty cache for a layer of `kind`.
+    pub fn new(kind: CacheKind) -> Self {
+        match kind {
+            CacheKind::Full => LayerKv::Full(KvCache::new()),
+            CacheKind::Window(n) => LayerKv::Window(RotatingKvCache::new(n, 0)),
+        }
+    }
+
+    /// Empty caches for layers of `kinds`.
+    pub fn fresh(kinds: &[CacheKind]) -> Vec<Self> {
+        kinds.iter().map(|&k| Self::new(k)).collect()
+    }
+
+    /// The kind of layer this caches.
+    pub fn kind(&self) -> CacheKind {
+        match self {
+            LayerKv::Full(_) => CacheKind::Full,
+            LayerKv::Window(c) => CacheKind::Window(c.max_size()),
+        }
+    }
+
+    /// Tokens seen (a window holds fewer).
+    pub fn offset(&self) -> i32 {
+        match self {
+            LayerKv::Full(c) => c.offset(),
+            LayerKv::Window(c) => c.offset(),
+        }
+    }
+
+    /// Keeps only the first `n` tokens when the layer can (a window that has
+    /// evicted what the next token needs cannot: false, nothing changed).
+    pub fn rewind_to(&mut self, n: i32) -> Result<bool, Exception> {
+        let drop = self.offset() - n;
+        match self {
+            LayerKv::Full(c) => {
+                c.trim(drop);
+                Ok(true)
+            }
+            LayerKv::Window(c) => c.rewind(drop),
+        }
+    }
+
+    /// The windowed layer's cache, if this is one.
+    pub fn as_window(&self) -> Option<&RotatingKvCache> {
+        match self {
+            LayerKv::Window(c) => Some(c),
+            LayerKv::Full(_) => None,
+        }
+    }
+
+    /// The buffers, for evaluation.
+    pub fn arrays(&self) -> Box<dyn Iterator<Item = &Array> + '_> {
+        match self {
+            LayerKv::Full(c) => Box::new(c.arrays()),
+            LayerKv::Window(c) => Box::new(c.arrays()),
+        }
+    }
+
+    /// Bytes held by the buffers.
+    pub fn nbytes(&self) -> usize {
+        match self {
+            LayerKv::Full(c) => c.nbytes(),
+            LayerKv::Window(c) => c.nbytes(),
+        }
+    }
+}
+
+impl LayerCache for LayerKv {
+    fn positions(&self) -> Result<Positions, Exception> {
+        Ok(Positions::Uniform(self.offset()))
+    }
+
+    fn mask(&self, n: i32, window: Option<i32>) -> Result<AttentionMask, Exception> {
+        match self {
+            LayerKv::Full(c) => c.mask(n, window),
+            LayerKv::Window(c) => c.make_mask_with(n, window, false),
+        }
+    }
+
+    fn update_and_fetch(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<(Array, Array), Exception> {
+        match self {
+            LayerKv::Full(c) => c.update_and_fetch(keys, values),
+            LayerKv::Window(c) => c.update_and_fetch(keys, values),
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! A loaded model of any architecture: the shared pre-norm [`Decoder`]
+//! (Llama, Mistral, Qwen2, Qwen3, Phi-3) or a family with blocks of its own.
+//! Every variant has the same four operations, dispatched here.
+use mlx_rs::Array;
+use mlx_rs::error::Exception;
+
+use super::layers::decoder::Decoder;
+use crate::cache::{CacheKind, LayerCache};
+
+/// The model's layers.
+pub enum Network {
+    Decoder(Decoder),
+}
+
+impl Network {
+    /// Runs `tokens` (`[B, L]` int32) through every layer, appending to
+    /// `caches` (one per layer), and returns the final hidden states.
+    pub fn forward<C: LayerCache>(
+        &self,
+        tokens: &Array,
+        caches: &mut [C],
+    ) -> Result<Array, Exception> {
+        match self {
+            Network::Decoder(m) => m.forward(tokens, caches),
+        }
+    }
+
+    /// Vocabulary logits of hidden states.
+    pub fn logits(&self, hidden: &Array) -> Result<Array, Exception> {
+        match self {
+            Network::Decoder(m) => m.logits(hidden),
+        }
+    }
+
+    /// Each layer's kind of cache.
+    pub fn kinds(&self) -> &[CacheKind] {
+        match self {
+            Network::Decoder(m) => m.kinds(),
+        }
+    }
+
+    /// Number of layers, i.e. of caches a forward pass needs.
+    pub fn num_layers(&self) -> usize {
+        self.kinds().len()
+    }
+
+    /// Every weight array.
+    pub fn parameters(&self) -> Vec<&Array> {
+        match self {
+            Network::Decoder(m) => m.parameters(),
+        }
+    }
+
+    /// The dtype activations are computed in.
+    pub fn compute_dtype(&self) -> mlx_rs::Dtype {
+        match self {
+            Network::Decoder(m) => m.compute_dtype(),
+        }
+    }
+}
