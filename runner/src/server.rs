@@ -179,6 +179,10 @@ fn status(s: &Snapshot) -> pb::StatusResponse {
             Architecture::Mistral => pb::Architecture::Mistral,
             Architecture::Qwen2 => pb::Architecture::Qwen2,
             Architecture::Qwen3 => pb::Architecture::Qwen3,
+            Architecture::Gemma3Text => pb::Architecture::Gemma3Text,
+            Architecture::Gemma3 => pb::Architecture::Gemma3,
+            Architecture::Gemma2 => pb::Architecture::Gemma2,
+            Architecture::Phi3 => pb::Architecture::Phi3,
         } as i32,
         dtype: dtype(f.dtype) as i32,
         quantization: f.quantization.map(|q| pb::Quantization {
@@ -213,6 +217,9 @@ fn status(s: &Snapshot) -> pb::StatusResponse {
             Some(MemorySource::PhysicalRam) => pb::MemorySource::PhysicalRam,
             None => pb::MemorySource::Unspecified,
         } as i32,
+        kv_bytes_per_token: m.budget.map_or(0, |b| b.kv_bytes_per_token),
+        window_bytes_per_sequence: m.budget.map_or(0, |b| b.window_bytes_per_sequence),
+        checkpoint_bytes: m.checkpoint_bytes,
     };
     pb::StatusResponse {
         health: Some(health(s)),

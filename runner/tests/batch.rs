@@ -6,7 +6,7 @@
 mod common;
 use common::fixture;
 
-use grove_runner::cache::{BatchKvCache, LayerKv};
+use grove_runner::cache::{BatchKvCache, CacheKind, LayerKv};
 use grove_runner::model::{self, Model};
 use mlx_rs::Array;
 use mlx_rs::ops::indexing::TryIndexOp;
@@ -83,7 +83,7 @@ fn prompt(seed: u32, len: u32) -> Vec<u32> {
     (0..len).map(|i| 5 + (i * 37 + seed * 101) % 900).collect()
 }
 
-fn check(model_name: &str) {
+fn check(model_name: &str, steps: usize) {
     let model = model::load(&fixture(model_name)).expect("load");
     let vocab = model.dims.vocab as usize;
     // Three sequences of different lengths, each prefilled alone; a copy of
@@ -108,8 +108,12 @@ fn check(model_name: &str) {
         alone.push(a);
         rows.push(i);
     }
-    for step in 0..40 {
-        // The batch feeds every row's next token at once.
+    for step in 0..steps {
+        // The batch feeds every row's next token at once (a windowed layer's
+        // batch first cuts what no row sees any more, as the engine does).
+        for layer in &mut batch {
+            layer.slide().unwrap();
+        }
         let next: Vec<u32> = rows.iter().map(|&r| alone[r].next).collect();
         let input = Array::from_slice(&next, &[next.len() as i32, 1]);
         let batched = read(&logits(&model, &input, &mut batch));
@@ -136,22 +140,64 @@ fn check(model_name: &str) {
             rows.push(alone.len() - 1);
         }
     }
+    // A windowed layer's batch held about its window, not the sequences.
+    for layer in &batch {
+        if let CacheKind::Window(w) = layer.kind() {
+            assert!(
+                layer.idx() < w + 16 + 256,
+                "{model_name}: a windowed batch holds {} slots",
+                layer.idx()
+            );
+        }
+    }
+    // A row leaving keeps its sequence: what it holds goes on as alone.
+    let row = rows.len() - 1;
+    let seq = rows[row];
+    let mut left: Vec<LayerKv> = batch
+        .iter()
+        .map(|l| {
+            l.extract(row, l.len_of(row))
+                .unwrap()
+                .expect("holds its window")
+        })
+        .collect();
+    let next = alone[seq].next;
+    let again = read(&logits(
+        &model,
+        &Array::from_slice(&[next], &[1, 1]),
+        &mut left,
+    ));
+    let d = max_diff(&again, &alone[seq].step(&model));
+    assert!(d <= TOLERANCE, "{model_name}: extracted row differs by {d}");
     eprintln!("{model_name}: batched logits within {worst:e} of each sequence alone");
 }
 
 #[test]
 fn batched_logits_match_each_sequence_alone_qwen3() {
-    check("qwen3-f32");
+    check("qwen3-f32", 40);
 }
 
 #[test]
 fn batched_logits_match_each_sequence_alone_llama_q4() {
-    check("llama-q4");
+    check("llama-q4", 40);
 }
 
 #[test]
 fn batched_logits_match_each_sequence_alone_mistral() {
-    check("mistral-f32");
+    check("mistral-f32", 40);
+}
+
+/// Sliding-window layers: the batch masks each row to its window and slides
+/// its buffer (300 + 60 tokens pass the window of 32 plus a step), rows join
+/// from rotating caches and leave as rotating caches.
+#[test]
+fn batched_logits_match_each_sequence_alone_gemma3() {
+    check("gemma3-f32", 60);
+}
+
+#[test]
+fn batched_logits_match_each_sequence_alone_llama_swa() {
+    check("llama-swa-f32", 60);
 }
 
 /// Prompts of different lengths prefilled together (left-padded, in chunks
@@ -188,6 +234,9 @@ fn check_group(model_name: &str) {
     let mut last = Vec::new();
     let mut start = 0;
     while start < longest {
+        for layer in &mut group {
+            layer.slide().unwrap();
+        }
         let end = (start + 64).min(longest);
         let ids: Vec<u32> = padded.iter().flat_map(|t| t[start..end].to_vec()).collect();
         let input = Array::from_slice(&ids, &[padded.len() as i32, (end - start) as i32]);
@@ -227,6 +276,9 @@ fn check_group(model_name: &str) {
     }
     alone.insert(0, first);
     for step in 0..10 {
+        for layer in &mut batch {
+            layer.slide().unwrap();
+        }
         let next: Vec<u32> = alone.iter().map(|a| a.next).collect();
         let input = Array::from_slice(&next, &[next.len() as i32, 1]);
         let batched = read(&logits(&model, &input, &mut batch));
@@ -250,4 +302,9 @@ fn group_prefill_matches_each_prompt_alone_qwen3() {
 #[test]
 fn group_prefill_matches_each_prompt_alone_llama_q4() {
     check_group("llama-q4");
+}
+
+#[test]
+fn group_prefill_matches_each_prompt_alone_gemma3() {
+    check_group("gemma3-f32");
 }

@@ -4,9 +4,11 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
-/// The fixture models: four families in float32 and 4-bit, plus two bfloat16
-/// variants (qwen3 weights; llama 4-bit with bfloat16 scales).
-pub const MODELS: [&str; 10] = [
+/// The fixture models: eight families in float32 and 4-bit (llama, mistral,
+/// qwen2, qwen3; llama-swa with biases and sliding windows, gemma3, gemma2,
+/// phi3), plus bfloat16 variants (qwen3, gemma3, gemma2 and phi3 weights;
+/// llama 4-bit with bfloat16 scales).
+pub const MODELS: [&str; 21] = [
     "llama-f32",
     "llama-q4",
     "llama-q4-bf16",
@@ -17,6 +19,26 @@ pub const MODELS: [&str; 10] = [
     "qwen2-q4",
     "qwen3-f32",
     "qwen3-q4",
+    "llama-swa-f32",
+    "llama-swa-q4",
+    "gemma3-f32",
+    "gemma3-q4",
+    "gemma3-bf16",
+    "gemma2-f32",
+    "gemma2-q4",
+    "gemma2-bf16",
+    "phi3-f32",
+    "phi3-q4",
+    "phi3-bf16",
+];
+
+/// The fixtures whose models have sliding-window layers.
+pub const WINDOWED: [&str; 5] = [
+    "llama-swa-f32",
+    "llama-swa-q4",
+    "gemma3-f32",
+    "gemma3-q4",
+    "gemma3-bf16",
 ];
 
 /// The fixture root: `GROVE_FIXTURES`, else `.grove/fixtures` in the checkout.
@@ -79,9 +101,10 @@ pub struct Case {
     /// mlx-lm's streamed text of `tokens`.
     pub text: String,
     /// mlx-lm's BatchGenerator's ids for this prompt with every case's
-    /// prompt in one batch (EOS excluded).
+    /// prompt in one batch (EOS excluded); `None` where mlx-lm cannot batch
+    /// the model (the reference's `batch_error` says why).
     #[serde(default)]
-    pub batch_tokens: Vec<u32>,
+    pub batch_tokens: Option<Vec<u32>>,
     /// For the chat case: the conversation mlx-lm rendered with the template.
     #[serde(default)]
     pub messages: Vec<ChatMessage>,

@@ -98,11 +98,15 @@ async fn batched_requests_match_mlx_lm() -> Result<()> {
             .collect();
         let got = all_at_once(&client, reqs).await?;
         for (case, done) in reference.cases.iter().zip(&got) {
-            ensure!(
-                case.batch_tokens == case.tokens,
-                "{model}/{}: mlx-lm's batch and solo tokens differ; regenerate fixtures",
-                case.name
-            );
+            // Where mlx-lm can batch the model, its batch agrees with its
+            // solo runs (gemma2's cannot: see make_fixtures.py).
+            if let Some(batch) = &case.batch_tokens {
+                ensure!(
+                    batch == &case.tokens,
+                    "{model}/{}: mlx-lm's batch and solo tokens differ; regenerate fixtures",
+                    case.name
+                );
+            }
             ensure!(
                 done.text == case.text,
                 "{model}/{}: batched {:?}, mlx-lm {:?}",

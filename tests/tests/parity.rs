@@ -1,5 +1,7 @@
 //! The runner against mlx-lm: on every fixture model (llama, mistral, qwen2,
-//! qwen3; float32 and 4-bit; bfloat16 qwen3 and bfloat16-scaled 4-bit llama),
+//! qwen3, llama with biases and sliding windows, gemma3, gemma2, phi3; float32
+//! and 4-bit; bfloat16 qwen3, gemma3, gemma2, phi3 and bfloat16-scaled 4-bit
+//! llama),
 //! greedy decoding must give mlx-lm's tokens exactly,
 //! and the last prompt position's logits must agree within LOGIT_TOLERANCE.
 use anyhow::{Result, ensure};
@@ -149,6 +151,61 @@ fn qwen3_bf16_matches_mlx_lm() -> Result<()> {
 #[test]
 fn llama_q4_with_bf16_scales_matches_mlx_lm() -> Result<()> {
     check_model("llama-q4-bf16")
+}
+
+#[test]
+fn llama_swa_f32_matches_mlx_lm() -> Result<()> {
+    check_model("llama-swa-f32")
+}
+
+#[test]
+fn llama_swa_q4_matches_mlx_lm() -> Result<()> {
+    check_model("llama-swa-q4")
+}
+
+#[test]
+fn gemma3_f32_matches_mlx_lm() -> Result<()> {
+    check_model("gemma3-f32")
+}
+
+#[test]
+fn gemma3_q4_matches_mlx_lm() -> Result<()> {
+    check_model("gemma3-q4")
+}
+
+#[test]
+fn gemma3_bf16_matches_mlx_lm() -> Result<()> {
+    check_model("gemma3-bf16")
+}
+
+#[test]
+fn gemma2_f32_matches_mlx_lm() -> Result<()> {
+    check_model("gemma2-f32")
+}
+
+#[test]
+fn gemma2_q4_matches_mlx_lm() -> Result<()> {
+    check_model("gemma2-q4")
+}
+
+#[test]
+fn gemma2_bf16_matches_mlx_lm() -> Result<()> {
+    check_model("gemma2-bf16")
+}
+
+#[test]
+fn phi3_f32_matches_mlx_lm() -> Result<()> {
+    check_model("phi3-f32")
+}
+
+#[test]
+fn phi3_q4_matches_mlx_lm() -> Result<()> {
+    check_model("phi3-q4")
+}
+
+#[test]
+fn phi3_bf16_matches_mlx_lm() -> Result<()> {
+    check_model("phi3-bf16")
 }
 
 /// Text prompts are tokenized as mlx-lm does (BOS rule included), so the text

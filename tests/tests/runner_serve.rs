@@ -352,6 +352,89 @@ fn chat_request(
     }
 }
 
+/// Models with sliding-window layers (windows of 24 and 32 tokens, prompts
+/// of ~300): every follow-up turn hits the prompt cache although the
+/// rotating caches have evicted the start, and gives the text of a cold run.
+/// A turn that continues the entry reuses all of it; one that branches 40
+/// tokens back reuses at least the entry's checkpoint at the end of the last
+/// prompt (here the windows still hold enough to go back: the batch keeps a
+/// margin and slides by whole steps; prompt_cache's tests cover the
+/// checkpoint itself).
+#[tokio::test]
+async fn windowed_models_hit_the_cache_every_turn() -> Result<()> {
+    for model in fixtures::WINDOWED {
+        let reference = fixtures::reference(model)?;
+        let case = reference
+            .cases
+            .iter()
+            .find(|c| c.name == "long")
+            .context("no long case")?;
+        let (_served, mut client) = Served::start(&fixtures::model_dir(model)?, &[]).await?;
+        let turn1 = complete(
+            &mut client,
+            tokens_request(&case.prompt_tokens, case.max_tokens as u32),
+        )
+        .await?;
+        ensure!(turn1.metrics().cached_prompt_tokens == 0);
+        ensure!(turn1.text == case.text, "{model}: turn 1 is not mlx-lm's");
+
+        // Turn 2 continues the whole entry: all of it is reused.
+        let mut prompt2 = case.prompt_tokens.clone();
+        prompt2.extend(&case.tokens);
+        prompt2.extend([11u32, 22, 33, 44, 55]);
+        let turn2 = complete(&mut client, tokens_request(&prompt2, 40)).await?;
+        let held = case.prompt_tokens.len() + case.tokens.len();
+        ensure!(
+            turn2.metrics().cached_prompt_tokens as usize == held,
+            "{model}: turn 2 reused {}, expected {held}",
+            turn2.metrics().cached_prompt_tokens
+        );
+
+        // Turn 3 branches where turn 2's answer began, 40 tokens back.
+        let mut prompt3 = prompt2.clone();
+        prompt3.extend([66u32, 77, 88]);
+        let turn3 = complete(&mut client, tokens_request(&prompt3, 16)).await?;
+        ensure!(
+            turn3.metrics().cached_prompt_tokens as usize >= prompt2.len() - 1,
+            "{model}: turn 3 reused {}, expected at least the checkpoint at {}",
+            turn3.metrics().cached_prompt_tokens,
+            prompt2.len() - 1
+        );
+
+        // Memory figures count each kind of layer: gemma3-f32 has one
+        // global layer of 3 (2 KV heads of 32 floats) and two windows of 32.
+        if model == "gemma3-f32" {
+            let status = client.status(pb::StatusRequest {}).await?.into_inner();
+            let m = status.memory.context("no memory report")?;
+            let per_layer_token = 2 * 2 * 32 * 4;
+            ensure!(m.kv_bytes_per_token == per_layer_token, "{m:?}");
+            ensure!(
+                m.window_bytes_per_sequence == 2 * (32 + 256 + 16) * per_layer_token,
+                "{m:?}"
+            );
+            ensure!(
+                m.checkpoint_bytes > 0 && m.checkpoint_bytes < m.kv_bytes,
+                "{m:?}"
+            );
+        }
+        // Cold runs of turns 2 and 3 give the same text.
+        for (p, cached, max) in [(&prompt2, &turn2, 40), (&prompt3, &turn3, 16)] {
+            let mut other = p[..5].to_vec();
+            other[0] = if other[0] == 7 { 8 } else { 7 };
+            complete(&mut client, tokens_request(&other, 2)).await?;
+            let cold = complete(&mut client, tokens_request(p, max)).await?;
+            ensure!(cold.metrics().cached_prompt_tokens == 0);
+            ensure!(
+                cold.text == cached.text,
+                "{model}: cached {:?}, cold {:?}",
+                cached.text,
+                cold.text
+            );
+        }
+    }
+    Ok(())
+}
+
 const WEATHER_TOOL: &str = r#"{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}"#;
 
 /// A chat conversation's second turn reuses the first turn (its prompt and the

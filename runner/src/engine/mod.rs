@@ -89,6 +89,8 @@ pub struct Facts {
 pub struct MemoryFigures {
     pub budget: Option<Budget>,
     pub kv_bytes: u64,
+    /// Of `kv_bytes`: the prompt-cache entry's checkpoint.
+    pub checkpoint_bytes: u64,
     pub cached_tokens: usize,
     pub mlx_active: u64,
     pub mlx_cache: u64,

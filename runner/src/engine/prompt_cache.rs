@@ -327,4 +327,65 @@ mod tests {
         c.commit([1, 2, 3]);
         assert_eq!(c.len(), 2);
     }
+
+    /// One token (`[1, 1, 1, 4]`) whose values are `t`.
+    fn token(t: u32) -> Array {
+        Array::from_slice(&[t as f32; 4], &[1, 1, 1, 4])
+    }
+
+    #[test]
+    fn windows_rewind_while_they_hold_the_window_else_the_checkpoint_serves() {
+        let kinds = [CacheKind::Full, CacheKind::Window(4)];
+        let mut c = PromptCache::new(&kinds);
+        let mut caches = LayerKv::fresh(&kinds);
+        // A 6-token prompt, one token at a time (in place: the window wraps).
+        let prompt: Vec<u32> = (1..=6).collect();
+        for &t in &prompt {
+            for layer in caches.iter_mut() {
+                layer.update_and_fetch(&token(t), &token(t)).unwrap();
+            }
+        }
+        let checkpoint = Checkpoint::of(&caches, prompt.len()).expect("a windowed layer");
+        assert!(checkpoint.nbytes() > 0);
+        // Four generated tokens.
+        let answer = [7u32, 8, 9, 10];
+        for &t in &answer {
+            for layer in caches.iter_mut() {
+                layer.update_and_fetch(&token(t), &token(t)).unwrap();
+            }
+        }
+        let all: Vec<u32> = prompt.iter().chain(&answer).copied().collect();
+        c.replace(all.clone(), caches, Some(checkpoint));
+        assert_eq!(c.len(), 10);
+
+        // The next turn continues the whole entry: all of it.
+        let mut next = all.clone();
+        next.push(11);
+        let (n, shared) = c.share_prefix(&next);
+        assert_eq!((n, shared[1].offset()), (10, 10));
+
+        // A branch 3 tokens back: the window of 4 has evicted what token 8
+        // needs, so the checkpoint at the end of the prompt serves.
+        let branch: Vec<u32> = all[..7].iter().copied().chain([42, 43]).collect();
+        let (n, shared) = c.share_prefix(&branch);
+        assert_eq!(n, 6);
+        assert_eq!((shared[0].offset(), shared[1].offset()), (6, 6));
+        let window = shared[1].as_window().expect("a window");
+        let (k, _) = window.temporal().unwrap().expect("held");
+        let k = k.flatten(None, None).unwrap();
+        k.eval().unwrap();
+        let held: Vec<f32> = k.as_slice::<f32>().chunks(4).map(|c| c[0]).collect();
+        assert_eq!(
+            held,
+            vec![3.0, 4.0, 5.0, 6.0],
+            "the window at the prompt's end"
+        );
+
+        // A branch before the checkpoint: nothing to reuse.
+        let (n, _) = c.share_prefix(&[1, 2, 3, 99, 100]);
+        assert_eq!(n, 0);
+        // The entry itself is whole: its bytes count the checkpoint.
+        assert_eq!(c.len(), 10);
+        assert!(c.checkpoint_bytes() > 0 && c.nbytes() > c.checkpoint_bytes());
+    }
 }

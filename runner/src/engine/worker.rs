@@ -290,6 +290,7 @@ impl Worker {
         let figures = MemoryFigures {
             budget: Some(l.budget),
             kv_bytes: kv as u64,
+            checkpoint_bytes: l.cache.checkpoint_bytes() as u64,
             cached_tokens: l.cache.len(),
             mlx_active: mlx_rs::memory::active_memory().unwrap_or(0) as u64,
             mlx_cache: mlx_rs::memory::cache_memory().unwrap_or(0) as u64,

@@ -17,6 +17,13 @@ pub enum Architecture {
     Mistral,
     Qwen2,
     Qwen3,
+    /// Gemma 3's text model (`Gemma3ForCausalLM`, model_type `gemma3_text`).
+    Gemma3Text,
+    /// Gemma 3 with vision (`Gemma3ForConditionalGeneration`): its text part.
+    Gemma3,
+    Gemma2,
+    /// Phi-3 and Phi-4 (`Phi3ForCausalLM`).
+    Phi3,
 }
 
 impl Architecture {
@@ -33,12 +40,20 @@ impl Architecture {
             Some("MistralForCausalLM") => Some(Self::Mistral),
             Some("Qwen2ForCausalLM") => Some(Self::Qwen2),
             Some("Qwen3ForCausalLM") => Some(Self::Qwen3),
+            Some("Gemma3ForCausalLM") => Some(Self::Gemma3Text),
+            Some("Gemma3ForConditionalGeneration") => Some(Self::Gemma3),
+            Some("Gemma2ForCausalLM") => Some(Self::Gemma2),
+            Some("Phi3ForCausalLM") => Some(Self::Phi3),
             Some(_) => None,
             None => match model_type {
                 Some("llama") => Some(Self::Llama),
                 Some("mistral") => Some(Self::Mistral),
                 Some("qwen2") => Some(Self::Qwen2),
                 Some("qwen3") => Some(Self::Qwen3),
+                Some("gemma3_text") => Some(Self::Gemma3Text),
+                Some("gemma3") => Some(Self::Gemma3),
+                Some("gemma2") => Some(Self::Gemma2),
+                Some("phi3") => Some(Self::Phi3),
                 _ => None,
             },
         };
@@ -46,7 +61,9 @@ impl Architecture {
             path: path.to_owned(),
             message: format!(
                 "unsupported architecture {} (model_type {}); supported: \
-                 LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM",
+                 LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
+                 Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma2ForCausalLM, \
+                 Phi3ForCausalLM",
                 named.unwrap_or("<none>"),
                 model_type.unwrap_or("<none>")
             ),
@@ -60,6 +77,10 @@ impl Architecture {
             Self::Mistral => "mistral",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Gemma3Text => "gemma3_text",
+            Self::Gemma3 => "gemma3",
+            Self::Gemma2 => "gemma2",
+            Self::Phi3 => "phi3",
         }
     }
 }
@@ -141,6 +162,19 @@ impl Quantization {
             default: Some(default),
             overrides,
         })
+    }
+
+    /// The same block for modules named without `prefix` (a multimodal
+    /// checkpoint's `language_model.` once its text part is taken).
+    pub fn strip_prefix(&self, prefix: &str) -> Self {
+        Self {
+            default: self.default,
+            overrides: self
+                .overrides
+                .iter()
+                .map(|(k, v)| (k.strip_prefix(prefix).unwrap_or(k).to_owned(), *v))
+                .collect(),
+        }
     }
 
     /// The packing of the module at `path` (e.g. `model.layers.0.mlp.up_proj`),

@@ -9,11 +9,14 @@
 //! picks the dtypes the backend computes fastest in.
 pub mod config;
 pub mod dtypes;
+pub mod gemma2;
+pub mod gemma3;
 pub mod gguf;
 pub mod layers;
 pub mod llama;
 pub mod mistral;
 pub mod network;
+pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
 pub mod safetensors;
@@ -147,7 +150,11 @@ pub fn load_parts(
     policy: CpuDtypes,
 ) -> Result<Model> {
     let architecture = Architecture::from_config(path, &raw)?;
-    let quantization = Quantization::from_config(path, &raw)?;
+    let mut quantization = Quantization::from_config(path, &raw)?;
+    if architecture == Architecture::Gemma3 {
+        gemma3::take_text_part(&mut tensors);
+        quantization = quantization.strip_prefix(gemma3::TEXT_PREFIX);
+    }
     let dtypes = dtypes::apply(&mut tensors, policy, dtypes::cpu_backend())?;
     let mut weights = Weights::from_map(tensors);
     let path = path.to_owned();
@@ -186,6 +193,26 @@ pub fn load_parts(
                 decoder_of(spec, &mut weights)?,
                 Some(c.base.max_position_embeddings),
             )
+        }
+        Architecture::Phi3 => {
+            let c: phi3::Config = config::typed(&path, &raw)?;
+            let spec = c.spec(&path)?;
+            (
+                decoder_of(spec, &mut weights)?,
+                Some(c.max_position_embeddings),
+            )
+        }
+        Architecture::Gemma3Text | Architecture::Gemma3 => {
+            let c = gemma3::Config::parse(&path, &raw, architecture)?;
+            let m = gemma3::Gemma3::load(&path, &mut weights, q, &c, has_lm_head)?;
+            let dims = m.dims().clone();
+            ((Network::Gemma3(m), dims), Some(c.max_position_embeddings))
+        }
+        Architecture::Gemma2 => {
+            let c: gemma2::Config = config::typed(&path, &raw)?;
+            let m = gemma2::Gemma2::load(&path, &mut weights, q, &c)?;
+            let dims = m.dims().clone();
+            ((Network::Gemma2(m), dims), c.max_position_embeddings)
         }
     };
     weights.finish()?;

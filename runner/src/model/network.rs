@@ -4,12 +4,16 @@
 use mlx_rs::Array;
 use mlx_rs::error::Exception;
 
+use super::gemma2::Gemma2;
+use super::gemma3::Gemma3;
 use super::layers::decoder::Decoder;
 use crate::cache::{CacheKind, LayerCache};
 
 /// The model's layers.
 pub enum Network {
     Decoder(Decoder),
+    Gemma3(Gemma3),
+    Gemma2(Gemma2),
 }
 
 impl Network {
@@ -22,6 +26,8 @@ impl Network {
     ) -> Result<Array, Exception> {
         match self {
             Network::Decoder(m) => m.forward(tokens, caches),
+            Network::Gemma3(m) => m.forward(tokens, caches),
+            Network::Gemma2(m) => m.forward(tokens, caches),
         }
     }
 
@@ -29,6 +35,8 @@ impl Network {
     pub fn logits(&self, hidden: &Array) -> Result<Array, Exception> {
         match self {
             Network::Decoder(m) => m.logits(hidden),
+            Network::Gemma3(m) => m.logits(hidden),
+            Network::Gemma2(m) => m.logits(hidden),
         }
     }
 
@@ -36,6 +44,8 @@ impl Network {
     pub fn kinds(&self) -> &[CacheKind] {
         match self {
             Network::Decoder(m) => m.kinds(),
+            Network::Gemma3(m) => &m.dims().kinds,
+            Network::Gemma2(m) => &m.dims().kinds,
         }
     }
 
@@ -48,6 +58,8 @@ impl Network {
     pub fn parameters(&self) -> Vec<&Array> {
         match self {
             Network::Decoder(m) => m.parameters(),
+            Network::Gemma3(m) => m.parameters(),
+            Network::Gemma2(m) => m.parameters(),
         }
     }
 
@@ -55,6 +67,8 @@ impl Network {
     pub fn compute_dtype(&self) -> mlx_rs::Dtype {
         match self {
             Network::Decoder(m) => m.compute_dtype(),
+            Network::Gemma3(m) => m.compute_dtype(),
+            Network::Gemma2(m) => m.compute_dtype(),
         }
     }
 }

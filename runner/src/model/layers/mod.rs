@@ -7,3 +7,4 @@ pub mod masks;
 pub mod mlp;
 pub mod norm;
 pub mod rope;
+pub mod sandwich;
