@@ -103,14 +103,22 @@ impl Budget {
             mlx_rs::Dtype::Float16 | mlx_rs::Dtype::Bfloat16 => 2,
             _ => 4,
         };
-        let per_layer = d.kv_bytes_per_layer_token(dtype_bytes);
-        let full = d.kinds.iter().filter(|k| k.window().is_none()).count() as u64;
-        let kv_bytes_per_token = full * per_layer;
+        let per_cache = d.kv_bytes_per_token_by_cache(dtype_bytes);
+        let kv_bytes_per_token: u64 = d
+            .kinds
+            .iter()
+            .zip(&per_cache)
+            .filter(|(k, _)| k.window().is_none())
+            .map(|(_, b)| b)
+            .sum();
         let window_bytes_per_sequence: u64 = d
             .kinds
             .iter()
-            .filter_map(|k| k.window())
-            .map(|w| (w as u64 + crate::cache::kv::STEP as u64 + 16) * per_layer)
+            .zip(&per_cache)
+            .filter_map(|(k, b)| {
+                k.window()
+                    .map(|w| (w as u64 + crate::cache::kv::STEP as u64 + 16) * b)
+            })
             .sum();
         let (hidden, heads, head_dim) = (d.hidden as u64, d.heads as u64, d.head_dim as u64);
         // One chunk's activations: the residual stream and attention/MLP

@@ -183,6 +183,8 @@ fn status(s: &Snapshot) -> pb::StatusResponse {
             Architecture::Gemma3 => pb::Architecture::Gemma3,
             Architecture::Gemma2 => pb::Architecture::Gemma2,
             Architecture::Phi3 => pb::Architecture::Phi3,
+            Architecture::Gemma4Text => pb::Architecture::Gemma4Text,
+            Architecture::Gemma4 => pb::Architecture::Gemma4,
         } as i32,
         dtype: dtype(f.dtype) as i32,
         quantization: f.quantization.map(|q| pb::Quantization {

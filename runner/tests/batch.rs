@@ -308,3 +308,9 @@ fn group_prefill_matches_each_prompt_alone_llama_q4() {
 fn group_prefill_matches_each_prompt_alone_gemma3() {
     check_group("gemma3-f32");
 }
+
+/// Gemma 4: layers that read another layer's keys, per-layer inputs.
+#[test]
+fn batched_logits_match_each_sequence_alone_gemma4() {
+    check("gemma4-f32", 60);
+}

@@ -79,12 +79,21 @@ fn dir_size(dir: &Path) -> Result<ModelSize, String> {
         .and_then(|t| {
             serde_json::from_str(&t).map_err(|e| format!("{}: {e}", config_path.display()))
         })?;
-    let get = |k: &str| config.get(k).and_then(Value::as_u64);
+    // A multimodal checkpoint (Gemma 3/4) sizes its text model in text_config.
+    let text = config
+        .get("text_config")
+        .filter(|t| t.is_object())
+        .unwrap_or(&config);
+    let get = |k: &str| text.get(k).and_then(Value::as_u64);
     let layers = get("num_hidden_layers").unwrap_or(0);
     let heads = get("num_attention_heads").unwrap_or(1).max(1);
     let kv_heads = get("num_key_value_heads").unwrap_or(heads);
     let head_dim = get("head_dim").unwrap_or(get("hidden_size").unwrap_or(0) / heads);
-    let dtype_bytes = match config.get("torch_dtype").and_then(Value::as_str) {
+    let dtype_bytes = match text
+        .get("torch_dtype")
+        .or_else(|| config.get("torch_dtype"))
+        .and_then(Value::as_str)
+    {
         Some("float32") => 4,
         _ => 2,
     };

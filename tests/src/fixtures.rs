@@ -4,11 +4,12 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
-/// The fixture models: eight families in float32 and 4-bit (llama, mistral,
-/// qwen2, qwen3; llama-swa with biases and sliding windows, gemma3, gemma2,
-/// phi3), plus bfloat16 variants (qwen3, gemma3, gemma2 and phi3 weights;
+/// The fixture models: nine families in float32 and 4-bit (llama, mistral,
+/// qwen2, qwen3; llama-swa with biases and sliding windows, gemma3, gemma4,
+/// gemma2, phi3), plus bfloat16 variants (qwen3, gemma3, gemma4, gemma2 and
+/// phi3 weights;
 /// llama 4-bit with bfloat16 scales).
-pub const MODELS: [&str; 21] = [
+pub const MODELS: [&str; 24] = [
     "llama-f32",
     "llama-q4",
     "llama-q4-bf16",
@@ -24,6 +25,9 @@ pub const MODELS: [&str; 21] = [
     "gemma3-f32",
     "gemma3-q4",
     "gemma3-bf16",
+    "gemma4-f32",
+    "gemma4-q4",
+    "gemma4-bf16",
     "gemma2-f32",
     "gemma2-q4",
     "gemma2-bf16",
@@ -33,12 +37,13 @@ pub const MODELS: [&str; 21] = [
 ];
 
 /// The fixtures whose models have sliding-window layers.
-pub const WINDOWED: [&str; 5] = [
+pub const WINDOWED: [&str; 6] = [
     "llama-swa-f32",
     "llama-swa-q4",
     "gemma3-f32",
     "gemma3-q4",
     "gemma3-bf16",
+    "gemma4-f32",
 ];
 
 /// The fixture root: `GROVE_FIXTURES`, else `.grove/fixtures` in the checkout.

@@ -1,6 +1,6 @@
 //! The runner against mlx-lm: on every fixture model (llama, mistral, qwen2,
-//! qwen3, llama with biases and sliding windows, gemma3, gemma2, phi3; float32
-//! and 4-bit; bfloat16 qwen3, gemma3, gemma2, phi3 and bfloat16-scaled 4-bit
+//! qwen3, llama with biases and sliding windows, gemma3, gemma4, gemma2, phi3;
+//! float32 and 4-bit; bfloat16 qwen3, gemma3, gemma4, gemma2, phi3 and bfloat16-scaled 4-bit
 //! llama),
 //! greedy decoding must give mlx-lm's tokens exactly,
 //! and the last prompt position's logits must agree within LOGIT_TOLERANCE.
@@ -176,6 +176,21 @@ fn gemma3_q4_matches_mlx_lm() -> Result<()> {
 #[test]
 fn gemma3_bf16_matches_mlx_lm() -> Result<()> {
     check_model("gemma3-bf16")
+}
+
+#[test]
+fn gemma4_f32_matches_mlx_lm() -> Result<()> {
+    check_model("gemma4-f32")
+}
+
+#[test]
+fn gemma4_q4_matches_mlx_lm() -> Result<()> {
+    check_model("gemma4-q4")
+}
+
+#[test]
+fn gemma4_bf16_matches_mlx_lm() -> Result<()> {
+    check_model("gemma4-bf16")
 }
 
 #[test]

@@ -22,6 +22,10 @@ pub enum Architecture {
     /// Gemma 3 with vision (`Gemma3ForConditionalGeneration`): its text part.
     Gemma3,
     Gemma2,
+    /// Gemma 4's text model (`Gemma4ForCausalLM`, model_type `gemma4_text`).
+    Gemma4Text,
+    /// Gemma 4 with vision and audio (`Gemma4ForConditionalGeneration`): its text part.
+    Gemma4,
     /// Phi-3 and Phi-4 (`Phi3ForCausalLM`).
     Phi3,
 }
@@ -43,6 +47,8 @@ impl Architecture {
             Some("Gemma3ForCausalLM") => Some(Self::Gemma3Text),
             Some("Gemma3ForConditionalGeneration") => Some(Self::Gemma3),
             Some("Gemma2ForCausalLM") => Some(Self::Gemma2),
+            Some("Gemma4ForCausalLM") => Some(Self::Gemma4Text),
+            Some("Gemma4ForConditionalGeneration") => Some(Self::Gemma4),
             Some("Phi3ForCausalLM") => Some(Self::Phi3),
             Some(_) => None,
             None => match model_type {
@@ -53,6 +59,8 @@ impl Architecture {
                 Some("gemma3_text") => Some(Self::Gemma3Text),
                 Some("gemma3") => Some(Self::Gemma3),
                 Some("gemma2") => Some(Self::Gemma2),
+                Some("gemma4_text") => Some(Self::Gemma4Text),
+                Some("gemma4") => Some(Self::Gemma4),
                 Some("phi3") => Some(Self::Phi3),
                 _ => None,
             },
@@ -63,6 +71,7 @@ impl Architecture {
                 "unsupported architecture {} (model_type {}); supported: \
                  LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
                  Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma2ForCausalLM, \
+                 Gemma4ForCausalLM, Gemma4ForConditionalGeneration, \
                  Phi3ForCausalLM",
                 named.unwrap_or("<none>"),
                 model_type.unwrap_or("<none>")
@@ -80,6 +89,8 @@ impl Architecture {
             Self::Gemma3Text => "gemma3_text",
             Self::Gemma3 => "gemma3",
             Self::Gemma2 => "gemma2",
+            Self::Gemma4Text => "gemma4_text",
+            Self::Gemma4 => "gemma4",
             Self::Phi3 => "phi3",
         }
     }

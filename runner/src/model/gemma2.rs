@@ -81,6 +81,7 @@ impl Gemma2 {
             kv_heads: c.num_key_value_heads,
             head_dim: c.head_dim,
             kinds: vec![CacheKind::Full; c.num_hidden_layers.max(0) as usize],
+            kv_widths: None,
         };
         dims.validate(path)?;
         check_eps(path, c.rms_norm_eps)?;

@@ -185,8 +185,19 @@ impl Config {
     }
 }
 
-/// Drops a multimodal checkpoint's vision tower and projector (with a log
-/// line) and names its text model's weights as a text checkpoint's.
+/// What a multimodal Gemma checkpoint holds besides its text model.
+const SKIPPED: [&str; 6] = [
+    "vision_tower.",
+    "multi_modal_projector.",
+    "audio_tower.",
+    "embed_audio.",
+    "embed_vision.",
+    "vision_embedder.",
+];
+
+/// Drops a multimodal checkpoint's vision (and audio) towers and projectors
+/// (with a log line) and names its text model's weights as a text
+/// checkpoint's (Gemma 3 and Gemma 4).
 pub fn take_text_part(tensors: &mut HashMap<String, Array>) {
     let names: Vec<String> = tensors.keys().cloned().collect();
     let mut skipped = 0;
@@ -195,7 +206,7 @@ pub fn take_text_part(tensors: &mut HashMap<String, Array>) {
             continue;
         };
         let bare = name.strip_prefix("model.").unwrap_or(&name);
-        if bare.starts_with("vision_tower.") || bare.starts_with("multi_modal_projector.") {
+        if SKIPPED.iter().any(|p| bare.starts_with(p)) {
             skipped += 1;
         } else if let Some(rest) = name.strip_prefix("model.language_model.") {
             tensors.insert(format!("model.{rest}"), t);
@@ -206,7 +217,7 @@ pub fn take_text_part(tensors: &mut HashMap<String, Array>) {
         }
     }
     if skipped > 0 {
-        eprintln!("grove-runner: gemma3: skipped {skipped} vision tensors (text only)");
+        eprintln!("grove-runner: skipped {skipped} vision/audio tensors (text only)");
     }
 }
 
@@ -239,6 +250,7 @@ impl Gemma3 {
             kv_heads: c.num_key_value_heads,
             head_dim: c.head_dim,
             kinds,
+            kv_widths: None,
         };
         dims.validate(path)?;
         check_eps(path, c.rms_norm_eps)?;

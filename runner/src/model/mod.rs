@@ -11,6 +11,7 @@ pub mod config;
 pub mod dtypes;
 pub mod gemma2;
 pub mod gemma3;
+pub mod gemma4;
 pub mod gguf;
 pub mod layers;
 pub mod llama;
@@ -47,8 +48,11 @@ pub struct Dims {
     pub heads: i32,
     pub kv_heads: i32,
     pub head_dim: i32,
-    /// One per layer.
+    /// One per cache (per layer, but for layers that read another's keys).
     pub kinds: Vec<CacheKind>,
+    /// Each cache's `kv_heads * head_dim` where layers differ (Gemma 4);
+    /// `None`: all are `kv_heads * head_dim`.
+    pub kv_widths: Option<Vec<i32>>,
 }
 
 impl Dims {
@@ -103,9 +107,17 @@ impl Dims {
         Ok(())
     }
 
-    /// Bytes of keys and values one token takes in one layer.
-    pub fn kv_bytes_per_layer_token(&self, dtype_bytes: u64) -> u64 {
-        2 * self.kv_heads as u64 * self.head_dim as u64 * dtype_bytes
+    /// Bytes of keys and values one token takes in each cache.
+    pub fn kv_bytes_per_token_by_cache(&self, dtype_bytes: u64) -> Vec<u64> {
+        (0..self.kinds.len())
+            .map(|i| {
+                let width = match &self.kv_widths {
+                    Some(w) => w.get(i).copied().unwrap_or(0),
+                    None => self.kv_heads * self.head_dim,
+                };
+                2 * width.max(0) as u64 * dtype_bytes
+            })
+            .collect()
     }
 }
 
@@ -151,7 +163,7 @@ pub fn load_parts(
 ) -> Result<Model> {
     let architecture = Architecture::from_config(path, &raw)?;
     let mut quantization = Quantization::from_config(path, &raw)?;
-    if architecture == Architecture::Gemma3 {
+    if matches!(architecture, Architecture::Gemma3 | Architecture::Gemma4) {
         gemma3::take_text_part(&mut tensors);
         quantization = quantization.strip_prefix(gemma3::TEXT_PREFIX);
     }
@@ -207,6 +219,12 @@ pub fn load_parts(
             let m = gemma3::Gemma3::load(&path, &mut weights, q, &c, has_lm_head)?;
             let dims = m.dims().clone();
             ((Network::Gemma3(m), dims), Some(c.max_position_embeddings))
+        }
+        Architecture::Gemma4Text | Architecture::Gemma4 => {
+            let c = gemma4::Config::parse(&path, &raw, architecture)?;
+            let m = gemma4::Gemma4::load(&path, &mut weights, q, &c)?;
+            let dims = m.dims().clone();
+            ((Network::Gemma4(m), dims), Some(c.max_position_embeddings))
         }
         Architecture::Gemma2 => {
             let c: gemma2::Config = config::typed(&path, &raw)?;

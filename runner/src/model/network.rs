@@ -6,6 +6,7 @@ use mlx_rs::error::Exception;
 
 use super::gemma2::Gemma2;
 use super::gemma3::Gemma3;
+use super::gemma4::Gemma4;
 use super::layers::decoder::Decoder;
 use crate::cache::{CacheKind, LayerCache};
 
@@ -14,6 +15,7 @@ pub enum Network {
     Decoder(Decoder),
     Gemma3(Gemma3),
     Gemma2(Gemma2),
+    Gemma4(Gemma4),
 }
 
 impl Network {
@@ -28,6 +30,7 @@ impl Network {
             Network::Decoder(m) => m.forward(tokens, caches),
             Network::Gemma3(m) => m.forward(tokens, caches),
             Network::Gemma2(m) => m.forward(tokens, caches),
+            Network::Gemma4(m) => m.forward(tokens, caches),
         }
     }
 
@@ -37,6 +40,7 @@ impl Network {
             Network::Decoder(m) => m.logits(hidden),
             Network::Gemma3(m) => m.logits(hidden),
             Network::Gemma2(m) => m.logits(hidden),
+            Network::Gemma4(m) => m.logits(hidden),
         }
     }
 
@@ -46,6 +50,7 @@ impl Network {
             Network::Decoder(m) => m.kinds(),
             Network::Gemma3(m) => &m.dims().kinds,
             Network::Gemma2(m) => &m.dims().kinds,
+            Network::Gemma4(m) => &m.dims().kinds,
         }
     }
 
@@ -60,6 +65,7 @@ impl Network {
             Network::Decoder(m) => m.parameters(),
             Network::Gemma3(m) => m.parameters(),
             Network::Gemma2(m) => m.parameters(),
+            Network::Gemma4(m) => m.parameters(),
         }
     }
 
@@ -69,6 +75,7 @@ impl Network {
             Network::Decoder(m) => m.compute_dtype(),
             Network::Gemma3(m) => m.compute_dtype(),
             Network::Gemma2(m) => m.compute_dtype(),
+            Network::Gemma4(m) => m.compute_dtype(),
         }
     }
 }

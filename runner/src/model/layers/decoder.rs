@@ -46,6 +46,7 @@ impl DecoderSpec {
             kv_heads: a.kv_heads,
             head_dim: a.head_dim,
             kinds: self.kinds.clone(),
+            kv_widths: None,
         }
     }
 }

@@ -42,17 +42,20 @@ fn scalar(v: f64, dtype: Dtype) -> Result<Array, Exception> {
 fn gated(act: Activation, gate: &Array, up: &Array) -> Result<Array, Exception> {
     match act {
         Activation::Silu => gate.multiply(sigmoid(gate)?)?.multiply(up),
-        Activation::GeluApprox => {
-            let d = gate.dtype();
-            let cube = gate.power(scalar(3.0, d)?)?;
-            let inner = gate.add(scalar(0.044715, d)?.multiply(&cube)?)?;
-            let t = tanh(scalar((2.0 / std::f64::consts::PI).sqrt(), d)?.multiply(&inner)?)?;
-            scalar(0.5, d)?
-                .multiply(gate)?
-                .multiply(scalar(1.0, d)?.add(&t)?)?
-                .multiply(up)
-        }
+        Activation::GeluApprox => gelu_approx(gate)?.multiply(up),
     }
+}
+
+/// mlx's `nn.gelu_approx`, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`,
+/// with the constants in `x`'s dtype as Python scalars become.
+pub fn gelu_approx(x: &Array) -> Result<Array, Exception> {
+    let d = x.dtype();
+    let cube = x.power(scalar(3.0, d)?)?;
+    let inner = x.add(scalar(0.044715, d)?.multiply(&cube)?)?;
+    let t = tanh(scalar((2.0 / std::f64::consts::PI).sqrt(), d)?.multiply(&inner)?)?;
+    scalar(0.5, d)?
+        .multiply(x)?
+        .multiply(scalar(1.0, d)?.add(&t)?)
 }
 
 enum Projections {

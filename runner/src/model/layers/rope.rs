@@ -182,6 +182,45 @@ impl Rope {
         })
     }
 
+    /// mlx-lm's `ProportionalRoPE` (Gemma 4's global layers): the first
+    /// `rotated` of `dims` features get frequencies `factor * base^(2i/dims)`,
+    /// the rest an infinite wavelength (left as they are).
+    pub fn proportional(
+        path: &std::path::Path,
+        dims: i32,
+        rotated: i32,
+        traditional: bool,
+        base: f64,
+        factor: f64,
+    ) -> Result<Self> {
+        if rotated > dims || rotated < 0 || rotated % 2 != 0 {
+            return Err(config_error(
+                path,
+                format!("{rotated} rotated features do not fit heads of {dims}"),
+            ));
+        }
+        let make = || -> Result<Array, Exception> {
+            let exponents =
+                arange::<_, f32>(0, rotated, 2)?.divide(Array::from_f32(dims as f32))?;
+            let freqs = Array::from_f32(base as f32)
+                .power(&exponents)?
+                .multiply(Array::from_f32(factor as f32))?;
+            let rest = Array::full::<f32>(&[(dims - rotated) / 2], Array::from_f32(f32::INFINITY))?;
+            let out = concatenate(&[freqs, rest], 0)?;
+            out.eval()?;
+            Ok(out)
+        };
+        let freqs = make().map_err(|e| config_error(path, format!("rope frequencies: {e}")))?;
+        Ok(Self {
+            dims,
+            traditional,
+            base: None,
+            scale: 1.0,
+            freqs: Some(freqs),
+            pre_scale: None,
+        })
+    }
+
     /// `x` with its first `dims` features multiplied by the pre-scale.
     fn scaled(&self, x: &Array) -> Result<Array, Exception> {
         let Some(s) = self.pre_scale else {
