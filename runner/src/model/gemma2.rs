@@ -6,13 +6,12 @@
 use std::path::Path;
 
 use mlx_rs::error::Exception;
-use mlx_rs::ops::tanh;
 use mlx_rs::{Array, Dtype};
 use serde::Deserialize;
 
 use super::Dims;
 use super::config::{Quantization, check_eps, config_error};
-use super::layers::attention::AttentionShape;
+use super::layers::attention::{AttentionShape, softcap};
 use super::layers::embedding::Embedding;
 use super::layers::masks::Masks;
 use super::layers::mlp::{Activation, MlpShape};
@@ -108,13 +107,7 @@ impl Gemma2 {
                 c.head_dim,
             )
         };
-        let mlp = MlpShape {
-            hidden: c.hidden_size,
-            intermediate: c.intermediate_size,
-            activation: Activation::GeluApprox,
-            bias: false,
-            fused: false,
-        };
+        let mlp = MlpShape::plain(c.hidden_size, c.intermediate_size, Activation::GeluApprox);
         let rope = Rope::new(path, c.head_dim, c.rope_theta, c.rope_traditional, None)?;
         let embed = Embedding::load(w, quant, "model.embed_tokens", c.vocab_size, c.hidden_size)?;
         let mut blocks = Vec::new();
@@ -168,9 +161,7 @@ impl Gemma2 {
 
     /// Tied logits, soft-capped: `tanh(x / c) * c`.
     pub fn logits(&self, hidden: &Array) -> Result<Array, Exception> {
-        let out = self.embed.as_linear(hidden)?;
-        let cap = Array::from_f32(self.final_cap).as_dtype(out.dtype())?;
-        tanh(out.divide(&cap)?)?.multiply(&cap)
+        softcap(&self.embed.as_linear(hidden)?, self.final_cap)
     }
 
     /// Every weight array.

@@ -276,13 +276,7 @@ impl Gemma3 {
                 c.head_dim,
             )
         };
-        let mlp = MlpShape {
-            hidden: c.hidden_size,
-            intermediate: c.intermediate_size,
-            activation: Activation::GeluApprox,
-            bias: false,
-            fused: false,
-        };
+        let mlp = MlpShape::plain(c.hidden_size, c.intermediate_size, Activation::GeluApprox);
         let local = Rope::new(path, c.head_dim, c.rope_local_base_freq, false, None)?;
         let global = Rope::new(
             path,

@@ -70,13 +70,7 @@ impl Config {
                 qk_norm: qk_norm_eps.map(|eps| HeadNorm { eps, offset: 0.0 }),
                 ..AttentionShape::plain(self.hidden_size, heads, self.num_key_value_heads, head_dim)
             },
-            mlp: MlpShape {
-                hidden: self.hidden_size,
-                intermediate: self.intermediate_size,
-                activation: Activation::Silu,
-                bias: false,
-                fused: false,
-            },
+            mlp: MlpShape::plain(self.hidden_size, self.intermediate_size, Activation::Silu),
             rope: Rope::new(
                 path,
                 head_dim,

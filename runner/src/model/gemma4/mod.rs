@@ -15,13 +15,13 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use mlx_rs::error::Exception;
-use mlx_rs::ops::tanh;
 use mlx_rs::{Array, Dtype, fast};
 
 pub use config::{Config, RopeParams};
 
 use super::Dims;
 use super::config::{Quantization, check_eps, config_error};
+use super::layers::attention::softcap;
 use super::layers::embedding::Embedding;
 use super::layers::linear::Linear;
 use super::layers::masks::Masks;
@@ -443,10 +443,7 @@ impl Gemma4 {
             None => self.embed.as_linear(hidden)?,
         };
         match self.final_cap {
-            Some(cap) => {
-                let cap = Array::from_f32(cap).as_dtype(out.dtype())?;
-                tanh(out.divide(&cap)?)?.multiply(&cap)
-            }
+            Some(cap) => softcap(&out, cap),
             None => Ok(out),
         }
     }

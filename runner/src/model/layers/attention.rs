@@ -202,9 +202,7 @@ impl Attention {
             k = expand_dims(&k, 2)?;
             v = expand_dims(&v, 2)?;
         }
-        let scores = q.matmul(k.swap_axes(-1, -2)?)?;
-        let cap = scalar(cap)?;
-        let scores = tanh(scores.divide(&cap)?)?.multiply(&cap)?;
+        let scores = softcap(&q.matmul(k.swap_axes(-1, -2)?)?, cap)?;
         let keys = k.dim(-2);
         let mask = match mask {
             AttentionMask::None => None,
@@ -236,6 +234,12 @@ impl Attention {
             Ok(out)
         }
     }
+}
+
+/// `tanh(x / cap) * cap`, the cap in `x`'s dtype (Gemma's soft-capping).
+pub fn softcap(x: &Array, cap: f32) -> Result<Array, Exception> {
+    let cap = Array::from_f32(cap).as_dtype(x.dtype())?;
+    tanh(x.divide(&cap)?)?.multiply(&cap)
 }
 
 /// `mx.finfo(dtype).min` of the float dtypes.

@@ -31,6 +31,19 @@ pub struct MlpShape {
     pub fused: bool,
 }
 
+impl MlpShape {
+    /// Separate gate and up matrices without biases.
+    pub fn plain(hidden: i32, intermediate: i32, activation: Activation) -> Self {
+        Self {
+            hidden,
+            intermediate,
+            activation,
+            bias: false,
+            fused: false,
+        }
+    }
+}
+
 /// A scalar in `x`'s dtype, as mlx turns a Python float into one.
 fn scalar(v: f64, dtype: Dtype) -> Result<Array, Exception> {
     Array::from_f32(v as f32).as_dtype(dtype)
