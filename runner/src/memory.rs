@@ -23,7 +23,8 @@ pub struct Budget {
     pub headroom: u64,
     /// Bytes of keys + values per token, all full-attention layers.
     pub kv_bytes_per_token: u64,
-    /// Bytes the sliding-window layers of one sequence hold at most.
+    /// Bytes the sliding-window layers of one sequence hold at most: the
+    /// batch's sliding buffer and the checkpoint of its prompt.
     pub window_bytes_per_sequence: u64,
     /// Tokens the KV entry may hold.
     pub kv_capacity_tokens: u64,
@@ -116,8 +117,10 @@ impl Budget {
             .iter()
             .zip(&per_cache)
             .filter_map(|(k, b)| {
+                // The batch's buffer (window, margin, a step) and the
+                // sequence's checkpoint (a window).
                 k.window()
-                    .map(|w| (w as u64 + crate::cache::kv::STEP as u64 + 16) * b)
+                    .map(|w| (2 * w as u64 + crate::cache::kv::STEP as u64 + 16) * b)
             })
             .sum();
         let (hidden, heads, head_dim) = (d.hidden as u64, d.heads as u64, d.head_dim as u64);

@@ -409,7 +409,7 @@ async fn windowed_models_hit_the_cache_every_turn() -> Result<()> {
             let per_layer_token = 2 * 2 * 32 * 4;
             ensure!(m.kv_bytes_per_token == per_layer_token, "{m:?}");
             ensure!(
-                m.window_bytes_per_sequence == 2 * (32 + 256 + 16) * per_layer_token,
+                m.window_bytes_per_sequence == 2 * (2 * 32 + 256 + 16) * per_layer_token,
                 "{m:?}"
             );
             ensure!(

@@ -252,6 +252,34 @@ impl RotatingKvCache {
         }
     }
 
+    /// The same cache holding only what its next token needs, the last
+    /// `max_size` tokens at most, in buffers of its own (a chunk leaves up to
+    /// `max_size - 1 + L` tokens, and a view would keep them all alive).
+    pub fn compacted(&self) -> Result<Self, Exception> {
+        let Some((k, v)) = self.temporal()? else {
+            return Ok(self.clone());
+        };
+        if self.keep != 0 {
+            return Ok(self.clone());
+        }
+        let held = k.dim(2);
+        let kept = held.min(self.max_size);
+        let copy = |x: &Array| -> Result<Array, Exception> {
+            let part = x.try_index((.., .., held - kept.., ..))?;
+            let mut fresh = zeros_dtype(part.shape(), part.dtype())?;
+            fresh.try_index_mut((.., .., .., ..), &part)?;
+            Ok(fresh)
+        };
+        Ok(Self {
+            keys: Some(copy(&k)?),
+            values: Some(copy(&v)?),
+            offset: self.offset,
+            max_size: self.max_size,
+            keep: 0,
+            idx: kept,
+        })
+    }
+
     /// Forgets the last `n` tokens when the window of the token that then
     /// comes next is still held: always before anything was evicted, else
     /// when at least `max_size` tokens remain (they are put back in temporal

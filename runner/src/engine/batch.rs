@@ -62,16 +62,29 @@ impl Batch {
         &self.rows
     }
 
-    /// Bytes of the layers' buffers.
+    /// Bytes of the layers' buffers and of the rows' checkpoints.
     pub fn nbytes(&self) -> usize {
-        self.layers.iter().map(BatchKvCache::nbytes).sum()
+        self.layers.iter().map(BatchKvCache::nbytes).sum::<usize>()
+            + self
+                .rows
+                .iter()
+                .filter_map(|r| r.checkpoint.as_ref())
+                .map(Checkpoint::nbytes)
+                .sum::<usize>()
     }
 
-    /// The arrays that survive a step: the caches and the tokens in flight.
+    /// The arrays that survive a step: the caches, the rows' checkpoints and
+    /// the tokens in flight.
     pub fn arrays(&self) -> impl Iterator<Item = &Array> {
         self.layers
             .iter()
             .flat_map(BatchKvCache::arrays)
+            .chain(
+                self.rows
+                    .iter()
+                    .filter_map(|r| r.checkpoint.as_ref())
+                    .flat_map(Checkpoint::arrays),
+            )
             .chain(self.next.iter())
     }
 
@@ -91,7 +104,7 @@ impl Batch {
         }
         if !sequence.is_prewarm() {
             let held = caches.first().map_or(0, LayerKv::offset) as usize;
-            sequence.checkpoint = Checkpoint::of(&caches, held);
+            sequence.checkpoint = Checkpoint::of(&caches, held).phase("joining the batch")?;
         }
         drop(caches);
         let first = match first {

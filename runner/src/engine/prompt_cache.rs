@@ -27,15 +27,23 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// The windowed layers of `caches` (a sequence's, holding `tokens`), or
-    /// nothing when the model has none. Shares their buffers: the caches are
-    /// about to be copied into the batch and dropped.
-    pub fn of(caches: &[LayerKv], tokens: usize) -> Option<Self> {
-        let windows: Vec<_> = caches.iter().map(|c| c.as_window().cloned()).collect();
-        windows
-            .iter()
-            .any(Option::is_some)
-            .then_some(Self { tokens, windows })
+    /// The windowed layers of `caches` (a sequence's, holding `tokens`),
+    /// each copied down to its window, or nothing when the model has none.
+    pub fn of(caches: &[LayerKv], tokens: usize) -> Result<Option<Self>, Exception> {
+        if caches.iter().all(|c| c.as_window().is_none()) {
+            return Ok(None);
+        }
+        let mut windows = Vec::with_capacity(caches.len());
+        for c in caches {
+            windows.push(match c.as_window() {
+                Some(w) => Some(w.compacted()?),
+                None => None,
+            });
+        }
+        let cp = Self { tokens, windows };
+        // Copied now: unevaluated, the copies would keep the sources alive.
+        mlx_rs::transforms::async_eval(cp.arrays())?;
+        Ok(Some(cp))
     }
 
     /// Row `row`'s windowed layers from a prefilled group's caches, after its
@@ -53,12 +61,14 @@ impl Checkpoint {
             windows.push(match layer.kind() {
                 CacheKind::Full => None,
                 CacheKind::Window(_) => match layer.extract(row, tokens as i32)? {
-                    Some(LayerKv::Window(c)) => Some(c),
+                    Some(LayerKv::Window(c)) => Some(c.compacted()?),
                     _ => return Ok(None),
                 },
             });
         }
-        Ok(Some(Self { tokens, windows }))
+        let cp = Self { tokens, windows };
+        mlx_rs::transforms::async_eval(cp.arrays())?;
+        Ok(Some(cp))
     }
 
     /// Bytes of its buffers.
@@ -345,7 +355,9 @@ mod tests {
                 layer.update_and_fetch(&token(t), &token(t)).unwrap();
             }
         }
-        let checkpoint = Checkpoint::of(&caches, prompt.len()).expect("a windowed layer");
+        let checkpoint = Checkpoint::of(&caches, prompt.len())
+            .unwrap()
+            .expect("a windowed layer");
         assert!(checkpoint.nbytes() > 0);
         // Four generated tokens.
         let answer = [7u32, 8, 9, 10];

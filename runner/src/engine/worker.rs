@@ -358,7 +358,7 @@ impl Worker {
             return;
         };
         let Some(first) = first else {
-            let checkpoint = Checkpoint::of(&caches, sequence.prompt.len());
+            let checkpoint = Checkpoint::of(&caches, sequence.prompt.len()).unwrap_or(None);
             l.cache.replace(sequence.prompt.clone(), caches, checkpoint);
             s.pending
                 .push(sequence.finish(crate::generate::FinishReason::Length));
