@@ -9,7 +9,7 @@ use serde::Deserialize;
 /// gemma2, phi3), plus bfloat16 variants (qwen3, gemma3, gemma4, gemma2 and
 /// phi3 weights;
 /// llama 4-bit with bfloat16 scales).
-pub const MODELS: [&str; 24] = [
+pub const MODELS: [&str; 26] = [
     "llama-f32",
     "llama-q4",
     "llama-q4-bf16",
@@ -28,6 +28,8 @@ pub const MODELS: [&str; 24] = [
     "gemma4-f32",
     "gemma4-q4",
     "gemma4-bf16",
+    "gemma3-mm-f32",
+    "gemma4-mm-f32",
     "gemma2-f32",
     "gemma2-q4",
     "gemma2-bf16",

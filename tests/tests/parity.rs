@@ -194,6 +194,41 @@ fn gemma4_bf16_matches_mlx_lm() -> Result<()> {
 }
 
 #[test]
+fn gemma3_multimodal_checkpoint_matches_mlx_lm() -> Result<()> {
+    check_model("gemma3-mm-f32")
+}
+
+#[test]
+fn gemma4_multimodal_checkpoint_matches_mlx_lm() -> Result<()> {
+    check_model("gemma4-mm-f32")
+}
+
+/// A multimodal checkpoint's vision tensors are skipped by name, with a
+/// line saying so.
+#[test]
+fn multimodal_checkpoints_skip_their_vision_tensors() -> Result<()> {
+    for model in ["gemma3-mm-f32", "gemma4-mm-f32"] {
+        let dir = fixtures::model_dir(model)?;
+        let out = grove_tests::runner::run(&[
+            "generate",
+            "--model",
+            dir.to_str().unwrap_or_default(),
+            "--prompt-tokens",
+            "2,100,200",
+            "--max-tokens",
+            "1",
+        ])?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        ensure!(out.status.success(), "{model}: {err}");
+        ensure!(
+            err.contains("skipped 2 vision/audio tensors"),
+            "{model}: {err}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
 fn gemma2_f32_matches_mlx_lm() -> Result<()> {
     check_model("gemma2-f32")
 }

@@ -134,13 +134,22 @@ impl Config {
         if arch != Architecture::Gemma4 {
             return typed(path, raw);
         }
-        match raw.get("text_config") {
-            Some(text @ Value::Object(_)) => typed(path, text),
-            _ => Err(config_error(
+        // mlx-lm's gemma4 ModelArgs: the outer vocab size, head defaults.
+        let Some(Value::Object(text)) = raw.get("text_config") else {
+            return Err(config_error(
                 path,
                 "gemma4 needs a text_config object".into(),
-            )),
-        }
+            ));
+        };
+        let mut text = text.clone();
+        let vocab = raw
+            .get("vocab_size")
+            .cloned()
+            .unwrap_or(Value::from(262_144));
+        text.insert("vocab_size".into(), vocab);
+        text.entry("num_attention_heads").or_insert(Value::from(8));
+        text.entry("num_key_value_heads").or_insert(Value::from(1));
+        typed(path, &Value::Object(text))
     }
 
     /// Whether each layer is global (else sliding): `layer_types`, or the
