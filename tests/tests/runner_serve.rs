@@ -401,6 +401,12 @@ async fn windowed_models_hit_the_cache_every_turn() -> Result<()> {
             prompt2.len() - 1
         );
 
+        // Gemma 4's shared layers keep no cache but are layers.
+        if model == "gemma4-f32" {
+            let status = client.status(pb::StatusRequest {}).await?.into_inner();
+            let facts = status.model.context("no model facts")?;
+            ensure!(facts.num_layers == 4, "{facts:?}");
+        }
         // Memory figures count each kind of layer: gemma3-f32 has one
         // global layer of 3 (2 KV heads of 32 floats) and two windows of 32.
         if model == "gemma3-f32" {

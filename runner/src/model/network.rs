@@ -54,9 +54,13 @@ impl Network {
         }
     }
 
-    /// Number of layers, i.e. of caches a forward pass needs.
+    /// Number of layers (Gemma 4's shared layers keep no cache, so it may
+    /// be more than the caches a forward pass needs: `kinds().len()`).
     pub fn num_layers(&self) -> usize {
-        self.kinds().len()
+        match self {
+            Network::Gemma4(m) => m.num_layers(),
+            _ => self.kinds().len(),
+        }
     }
 
     /// Every weight array.

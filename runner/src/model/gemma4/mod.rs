@@ -361,6 +361,11 @@ impl Gemma4 {
         &self.dims
     }
 
+    /// Layers, those that read another's keys included.
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
     /// Runs `tokens` (`[B, L]`) through every layer, appending to `caches`
     /// (one per layer that computes its keys).
     pub fn forward<C: LayerCache>(
