@@ -223,7 +223,7 @@ fn sample_request() -> pb::GenerateRequest {
 #[test]
 fn regression_a_huge_layer_count_allocates_nothing() {
     let mut config = read_json(&fixture("qwen3-f32").join("config.json"));
-    config["num_hidden_layers"] = 65535.into();
+    config["num_hidden_layers"] = 4000.into();
     ALLOC.reset();
     let err = model::load_parts(
         Path::new("config.json"),
@@ -235,4 +235,30 @@ fn regression_a_huge_layer_count_allocates_nothing() {
     .expect("65535 layers loaded from two");
     assert!(err.to_string().contains("model.layers.2"), "{err}");
     check_alloc(400);
+}
+
+/// Sizes that only a config claims never size an allocation: a head of two
+/// billion features (rotary tables are built from the config before any
+/// tensor is read) and two billion layers (per-layer tables likewise).
+#[test]
+fn regression_huge_claimed_sizes_allocate_nothing() {
+    for (key, value) in [
+        ("head_dim", 2_147_483_646i64),
+        ("num_hidden_layers", 2_147_483_647),
+    ] {
+        let mut config = read_json(&fixture("llama-q4").join("config.json"));
+        config[key] = value.into();
+        ALLOC.reset();
+        let err = model::load_parts(
+            Path::new("config.json"),
+            config,
+            tensors("llama-q4"),
+            CpuDtypes::Float32,
+        )
+        .err()
+        .expect("loaded");
+        assert!(err.to_string().contains(&value.to_string()), "{key}: {err}");
+        check_alloc(400);
+        check_mlx_peak();
+    }
 }

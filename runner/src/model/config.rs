@@ -218,6 +218,23 @@ pub fn typed<T: serde::de::DeserializeOwned>(path: &Path, raw: &Value) -> Result
     serde_json::from_value(raw.clone()).map_err(|e| config_error(path, e.to_string()))
 }
 
+/// The most layers a config may claim (real models have at most a few
+/// hundred): the per-layer tables are sized from the claim before the
+/// layers' tensors are found.
+pub const MAX_LAYERS: i32 = 4096;
+
+/// `num_hidden_layers` as a count, when it is one a model can have.
+pub fn layer_count(path: &Path, n: i32) -> Result<usize> {
+    if (1..=MAX_LAYERS).contains(&n) {
+        Ok(n as usize)
+    } else {
+        Err(config_error(
+            path,
+            format!("num_hidden_layers must be in 1..={MAX_LAYERS}, not {n}"),
+        ))
+    }
+}
+
 /// Rejects an RMS norm epsilon that is not a positive number.
 pub fn check_eps(path: &Path, eps: f32) -> Result<()> {
     if eps.is_finite() && eps > 0.0 {

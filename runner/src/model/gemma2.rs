@@ -10,7 +10,7 @@ use mlx_rs::{Array, Dtype};
 use serde::Deserialize;
 
 use super::Dims;
-use super::config::{Quantization, check_eps, config_error};
+use super::config::{Quantization, check_eps, config_error, layer_count};
 use super::layers::attention::{AttentionShape, softcap};
 use super::layers::embedding::Embedding;
 use super::layers::masks::Masks;
@@ -79,7 +79,7 @@ impl Gemma2 {
             heads: c.num_attention_heads,
             kv_heads: c.num_key_value_heads,
             head_dim: c.head_dim,
-            kinds: vec![CacheKind::Full; c.num_hidden_layers.max(0) as usize],
+            kinds: vec![CacheKind::Full; layer_count(path, c.num_hidden_layers)?],
             kv_widths: None,
         };
         dims.validate(path)?;

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::Dims;
-use super::config::{Architecture, Quantization, check_eps, config_error, typed};
+use super::config::{Architecture, Quantization, check_eps, config_error, layer_count, typed};
 use super::layers::attention::{AttentionShape, HeadNorm};
 use super::layers::embedding::Embedding;
 use super::layers::linear::Linear;
@@ -141,7 +141,7 @@ impl Config {
     /// Each layer's kind: `layer_types`, else every `sliding_window_pattern`-th
     /// layer global and the others windowed.
     fn kinds(&self, path: &Path) -> Result<Vec<CacheKind>> {
-        let n = self.num_hidden_layers.max(0) as usize;
+        let n = layer_count(path, self.num_hidden_layers)?;
         let window = CacheKind::Window(self.sliding_window);
         match &self.layer_types {
             Some(types) => {

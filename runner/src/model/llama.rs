@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::config::config_error;
+use super::config::{config_error, layer_count};
 use super::layers::attention::AttentionShape;
 use super::layers::decoder::DecoderSpec;
 use super::layers::mlp::{Activation, MlpShape};
@@ -60,10 +60,10 @@ impl Config {
         let Some(types) = &self.layer_types else {
             return Ok(vec![
                 CacheKind::Full;
-                self.num_hidden_layers.max(0) as usize
+                layer_count(path, self.num_hidden_layers)?
             ]);
         };
-        if types.len() != self.num_hidden_layers.max(0) as usize {
+        if types.len() != layer_count(path, self.num_hidden_layers)? {
             return Err(config_error(
                 path,
                 format!(

@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::config::config_error;
+use super::config::{config_error, layer_count};
 use super::layers::attention::AttentionShape;
 use super::layers::decoder::DecoderSpec;
 use super::layers::mlp::{Activation, MlpShape};
@@ -169,7 +169,7 @@ impl Config {
                 fused: true,
             },
             rope: self.rope(path, rope_dim)?,
-            kinds: vec![CacheKind::Full; self.num_hidden_layers.max(0) as usize],
+            kinds: vec![CacheKind::Full; layer_count(path, self.num_hidden_layers)?],
             tie_embeddings: self.tie_word_embeddings,
         })
     }

@@ -3,6 +3,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use super::config::layer_count;
 use super::layers::attention::{AttentionShape, HeadNorm};
 use super::layers::decoder::DecoderSpec;
 use super::layers::mlp::{Activation, MlpShape};
@@ -78,7 +79,7 @@ impl Config {
                 self.rope_traditional,
                 self.rope_scaling.as_ref(),
             )?,
-            kinds: vec![CacheKind::Full; self.num_hidden_layers.max(0) as usize],
+            kinds: vec![CacheKind::Full; layer_count(path, self.num_hidden_layers)?],
             tie_embeddings: self.tie_word_embeddings,
         })
     }

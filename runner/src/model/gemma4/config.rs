@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::Result;
-use crate::model::config::{Architecture, config_error, typed};
+use crate::model::config::{Architecture, config_error, layer_count, typed};
 use crate::model::layers::rope::{Rope, RopeScalingConfig};
 
 /// One layer type's rotation (`rope_parameters[type]`).
@@ -155,7 +155,7 @@ impl Config {
     /// Whether each layer is global (else sliding): `layer_types`, or the
     /// pattern of `sliding_window_pattern - 1` sliding layers and a global one.
     pub(super) fn globals(&self, path: &Path) -> Result<Vec<bool>> {
-        let n = self.num_hidden_layers.max(0) as usize;
+        let n = layer_count(path, self.num_hidden_layers)?;
         match &self.layer_types {
             Some(types) if types.len() == n => types
                 .iter()

@@ -91,6 +91,23 @@ impl Scaling {
     }
 }
 
+/// The largest head size a rotation is built for. Frequency tables are
+/// computed from the config before any weight is read, so a config's claim
+/// must not size an allocation (real heads are at most 512 wide).
+const MAX_DIMS: i32 = 16_384;
+
+/// Rejects a head size no rotation can have.
+fn check_dims(path: &Path, dims: i32) -> Result<()> {
+    if dims > 0 && dims <= MAX_DIMS && dims % 2 == 0 {
+        Ok(())
+    } else {
+        Err(config_error(
+            path,
+            format!("a rotary head size of {dims} is not even, or not in 2..={MAX_DIMS}"),
+        ))
+    }
+}
+
 /// Rotates the first `dims` features of each head by position.
 #[derive(Clone)]
 pub struct Rope {
@@ -112,6 +129,7 @@ impl Rope {
         traditional: bool,
         scaling: Option<&RopeScalingConfig>,
     ) -> Result<Self> {
+        check_dims(path, dims)?;
         if !(base.is_finite() && base > 0.0) {
             return Err(config_error(
                 path,
@@ -160,6 +178,7 @@ impl Rope {
     /// `long_factor * base^(2i/dims)`, the rotated features scaled by `scale`
     /// first.
     pub fn su_scaled(dims: i32, base: f64, long_factor: &[f32], scale: f32) -> Result<Self> {
+        check_dims(Path::new("config.json"), dims)?;
         let make = || -> Result<Array, Exception> {
             let exponents = arange::<_, f32>(0, dims, 2)?.divide(Array::from_f32(dims as f32))?;
             let freqs = Array::from_f32(base as f32).power(&exponents)?;
@@ -193,6 +212,7 @@ impl Rope {
         base: f64,
         factor: f64,
     ) -> Result<Self> {
+        check_dims(path, dims)?;
         if rotated > dims || rotated < 0 || rotated % 2 != 0 {
             return Err(config_error(
                 path,
