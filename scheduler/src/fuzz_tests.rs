@@ -121,7 +121,7 @@ proptest! {
         std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
         ALLOC.reset();
         let _ = model_size::model_size(dir.path());
-        let _ = model_size::parameter_count(dir.path(), 4);
+        let _ = model_size::parameter_count(dir.path(), &serde_json::json!({"quantization": {"bits": 4}}));
         check_alloc(file.len() + config.to_string().len());
     }
 }

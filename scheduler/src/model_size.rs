@@ -106,10 +106,47 @@ fn dir_size(dir: &Path) -> Result<ModelSize, String> {
     })
 }
 
+/// Parameters of a model: all of them, and those one token uses (a
+/// mixture of experts runs `num_experts_per_tok` of its `num_experts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParameterCount {
+    pub total: u64,
+    pub active: u64,
+}
+
 /// Parameters in the model's safetensors files; packed quantized (uint32)
-/// tensors count as the `bits`-wide values they hold, scales and biases not at all.
-pub fn parameter_count(dir: &Path, bits: u64) -> Result<u64, String> {
-    let mut total = 0u64;
+/// tensors count as the values they hold at their layer's bit width
+/// (`quantization`'s per-layer entries, else `bits`), scales and biases not
+/// at all. Routed experts' tensors (`.switch_mlp.`, `.experts.`) count in
+/// `active` by the share of experts a token uses.
+pub fn parameter_count(dir: &Path, config: &Value) -> Result<ParameterCount, String> {
+    let quant = config
+        .get("quantization")
+        .or_else(|| config.get("quantization_config"));
+    let bits_of = |tensor: &str| -> Option<u64> {
+        let q = quant?;
+        let module = tensor.rsplit_once('.').map_or(tensor, |(m, _)| m);
+        q.get(module)
+            .and_then(|o| o.get("bits"))
+            .or_else(|| q.get("bits"))
+            .and_then(Value::as_u64)
+    };
+    let text = config
+        .get("text_config")
+        .filter(|t| t.is_object())
+        .unwrap_or(config);
+    let get = |keys: &[&str]| {
+        keys.iter()
+            .find_map(|k| text.get(*k).and_then(Value::as_u64))
+    };
+    let share = match (
+        get(&["num_experts_per_tok", "num_experts_per_token"]),
+        get(&["num_experts", "n_routed_experts", "num_local_experts"]),
+    ) {
+        (Some(k), Some(e)) if e > 0 && k <= e => k as f64 / e as f64,
+        _ => 1.0,
+    };
+    let (mut total, mut experts) = (0u64, 0u64);
     for entry in std::fs::read_dir(dir)
         .map_err(|e| format!("reading {}: {e}", dir.display()))?
         .flatten()
@@ -124,14 +161,25 @@ pub fn parameter_count(dir: &Path, bits: u64) -> Result<u64, String> {
                 .get("shape")
                 .and_then(Value::as_array)
                 .map_or(0, |s| s.iter().filter_map(Value::as_u64).product());
-            if dtype == "U32" {
-                total += numel * 32 / bits.max(1);
-            } else if !(bits < 32 && (name.ends_with(".scales") || name.ends_with(".biases"))) {
-                total += numel;
+            let bits = bits_of(&name);
+            let n = if dtype == "U32" {
+                numel * 32 / bits.unwrap_or(32).max(1)
+            } else if bits.is_some() && (name.ends_with(".scales") || name.ends_with(".biases")) {
+                0
+            } else {
+                numel
+            };
+            total += n;
+            if name.contains(".switch_mlp.") || name.contains(".experts.") {
+                experts += n;
             }
         }
     }
-    Ok(total)
+    let idle = (experts as f64 * (1.0 - share)).round() as u64;
+    Ok(ParameterCount {
+        total,
+        active: total - idle.min(total),
+    })
 }
 
 /// Bytes of the files in `dir` (following links, as the hub cache uses them).

@@ -69,6 +69,7 @@ pub fn show(model: &Resolved) -> Result<pb::ShowResponse, String> {
         .and_then(|q| q.get("group_size"))
         .and_then(Value::as_u64);
     let size = model_size(dir)?;
+    let params = parameter_count(dir, &config)?;
     Ok(pb::ShowResponse {
         name: model.name.clone(),
         path: dir.display().to_string(),
@@ -79,7 +80,8 @@ pub fn show(model: &Resolved) -> Result<pb::ShowResponse, String> {
             .or_else(|| config.get("model_type").and_then(Value::as_str))
             .unwrap_or("unknown")
             .to_owned(),
-        parameter_count: parameter_count(dir, bits.unwrap_or(32))?,
+        parameter_count: params.total,
+        active_parameter_count: params.active,
         quantization: match (bits, group) {
             (Some(b), Some(g)) => format!("{b}-bit (group {g})"),
             (Some(b), None) => format!("{b}-bit"),
@@ -152,6 +154,7 @@ fn show_gguf(model: &Resolved) -> Result<pb::ShowResponse, String> {
             .map(|a| format!("{a} (GGUF {})", m.plan.family.gguf_name()))
             .unwrap_or_default(),
         parameter_count: params,
+        active_parameter_count: params,
         quantization,
         dtype: format!("GGUF, floats {}", floats.join(", ")),
         context_length: config

@@ -9,7 +9,7 @@ use serde::Deserialize;
 /// gemma2, phi3), plus bfloat16 variants (qwen3, gemma3, gemma4, gemma2 and
 /// phi3 weights;
 /// llama 4-bit with bfloat16 scales).
-pub const MODELS: [&str; 26] = [
+pub const MODELS: [&str; 29] = [
     "llama-f32",
     "llama-q4",
     "llama-q4-bf16",
@@ -36,6 +36,9 @@ pub const MODELS: [&str; 26] = [
     "phi3-f32",
     "phi3-q4",
     "phi3-bf16",
+    "qwen3-moe-f32",
+    "qwen3-moe-q4",
+    "qwen3-moe-hf-f32",
 ];
 
 /// The fixtures whose models have sliding-window layers.

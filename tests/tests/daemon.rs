@@ -336,6 +336,14 @@ async fn errors_and_show() -> Result<()> {
     );
     ensure!(show.context_length == 4096 && !show.chat_template.is_empty());
     ensure!(show.parameter_count > 100_000, "{}", show.parameter_count);
+    ensure!(show.active_parameter_count == show.parameter_count);
+    // A mixture of experts: 3/4 of its two layers' 8 experts are idle per token.
+    let moe = model("qwen3-moe-q4")?;
+    let show = c.show(pb::ShowRequest { model: moe }).await?.into_inner();
+    ensure!(
+        show.parameter_count - show.active_parameter_count == 2 * 8 * 3 * 64 * 64 * 3 / 4,
+        "{show:?}"
+    );
     Ok(())
 }
 

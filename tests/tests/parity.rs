@@ -1,5 +1,6 @@
 //! The runner against mlx-lm: on every fixture model (llama, mistral, qwen2,
-//! qwen3, llama with biases and sliding windows, gemma3, gemma4, gemma2, phi3;
+//! qwen3, llama with biases and sliding windows, gemma3, gemma4, gemma2, phi3,
+//! qwen3-moe;
 //! float32 and 4-bit; bfloat16 qwen3, gemma3, gemma4, gemma2, phi3 and bfloat16-scaled 4-bit
 //! llama),
 //! greedy decoding must give mlx-lm's tokens exactly,
@@ -291,6 +292,22 @@ fn text_prompts_tokenize_like_mlx_lm() -> Result<()> {
         }
     }
     Ok(())
+}
+#[test]
+fn qwen3_moe_f32_matches_mlx_lm() -> Result<()> {
+    check_model("qwen3-moe-f32")
+}
+
+/// Its experts 4-bit, its routers 8-bit (mlx-lm's per-layer override).
+#[test]
+fn qwen3_moe_q4_matches_mlx_lm() -> Result<()> {
+    check_model("qwen3-moe-q4")
+}
+
+/// The same model with HF's one matrix per expert, stacked at load.
+#[test]
+fn qwen3_moe_per_expert_checkpoint_matches_mlx_lm() -> Result<()> {
+    check_model("qwen3-moe-hf-f32")
 }
 
 /// GGUF copies of the float32 fixtures, written as llama.cpp's converter writes

@@ -175,11 +175,36 @@ async fn context_limits() -> Result<()> {
     ensure!(facts.context_length == 64);
     ensure!(facts.architecture == pb::Architecture::Qwen3 as i32);
     ensure!(facts.num_layers == 2 && facts.vocab_size == 1024);
+    ensure!(facts.active_parameter_count == facts.parameter_count);
     let memory = status.memory.context("no memory report")?;
     ensure!(
         memory.weight_bytes > 0 && memory.kv_capacity_tokens > 64 && memory.memory_total_bytes > 0
     );
     ensure!(memory.cached_tokens > 0 && memory.kv_bytes > 0);
+    Ok(())
+}
+
+/// A mixture of experts reports all its parameters and those a token uses:
+/// qwen3-moe-f32 has two sparse layers of 8 experts (3 matrices of 64x64
+/// each), 2 per token, so 3/4 of 196,608 expert parameters are idle.
+#[tokio::test]
+async fn mixture_of_experts_reports_active_parameters() -> Result<()> {
+    let dir = fixtures::model_dir("qwen3-moe-f32")?;
+    let (_served, mut client) = Served::start(&dir, &[]).await?;
+    let status = client.status(pb::StatusRequest {}).await?.into_inner();
+    let facts = status.model.context("no model facts")?;
+    ensure!(facts.architecture == pb::Architecture::Qwen3Moe as i32);
+    let experts = 2 * 8 * 3 * 64 * 64;
+    ensure!(
+        facts.parameter_count > experts
+            && facts.parameter_count - facts.active_parameter_count == experts * 3 / 4,
+        "{} total, {} active",
+        facts.parameter_count,
+        facts.active_parameter_count
+    );
+    // The daemon's budget counts every expert's bytes.
+    let memory = status.memory.context("no memory report")?;
+    ensure!(memory.weight_bytes >= facts.parameter_count * 4);
     Ok(())
 }
 

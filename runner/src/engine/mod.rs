@@ -70,6 +70,8 @@ pub struct Facts {
     pub dtype: mlx_rs::Dtype,
     pub quantization: Option<QuantParams>,
     pub parameter_count: u64,
+    /// Parameters one token uses (fewer for a mixture of experts).
+    pub active_parameter_count: u64,
     pub context_length: usize,
     pub max_position_embeddings: Option<u32>,
     pub vocab_size: usize,

@@ -246,6 +246,7 @@ impl Worker {
             dtype: model.dtype(),
             quantization: model.quantization,
             parameter_count: model.parameter_count(),
+            active_parameter_count: model.active_parameter_count(),
             context_length: context,
             max_position_embeddings: model.max_position_embeddings,
             vocab_size: model.dims.vocab as usize,

@@ -20,6 +20,7 @@ pub mod network;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3_moe;
 pub mod safetensors;
 pub mod weights;
 
@@ -206,6 +207,14 @@ pub fn load_parts(
                 Some(c.base.max_position_embeddings),
             )
         }
+        Architecture::Qwen3Moe => {
+            let c: qwen3_moe::Config = config::typed(&path, &raw)?;
+            let spec = c.spec(&path)?;
+            (
+                decoder_of(spec, &mut weights)?,
+                Some(c.qwen3.base.max_position_embeddings),
+            )
+        }
         Architecture::Phi3 => {
             let c: phi3::Config = config::typed(&path, &raw)?;
             let spec = c.spec(&path)?;
@@ -266,6 +275,25 @@ impl Model {
                 _ => a.size() as u64,
             })
             .sum()
+    }
+
+    /// Parameters one token uses: all but the share of routed experts a
+    /// mixture of experts leaves idle (`1 - top_k / experts`).
+    pub fn active_parameter_count(&self) -> u64 {
+        let bits = self.quantization.map_or(32, |q| q.bits as u64);
+        let count = |a: &Array| match a.dtype() {
+            mlx_rs::Dtype::Uint32 => a.size() as u64 * 32 / bits,
+            _ => a.size() as u64,
+        };
+        let idle: f64 = self
+            .decoder
+            .expert_parameters()
+            .iter()
+            .map(|(arrays, share)| {
+                arrays.iter().map(|a| count(a)).sum::<u64>() as f64 * (1.0 - share)
+            })
+            .sum();
+        self.parameter_count().saturating_sub(idle.round() as u64)
     }
 
     /// Each layer's kind of cache.

@@ -73,6 +73,15 @@ impl Network {
         }
     }
 
+    /// The routed experts' arrays and the share of them a token uses, per
+    /// sparse layer (none for a dense model).
+    pub fn expert_parameters(&self) -> Vec<(Vec<&Array>, f64)> {
+        match self {
+            Network::Decoder(m) => m.expert_parameters(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The dtype activations are computed in.
     pub fn compute_dtype(&self) -> mlx_rs::Dtype {
         match self {

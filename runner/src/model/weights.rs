@@ -53,6 +53,16 @@ impl Weights {
         self.tensors.contains_key(name)
     }
 
+    /// The shape of a tensor, if it exists.
+    pub fn shape_of(&self, name: &str) -> Option<Vec<i32>> {
+        self.tensors.get(name).map(|a| a.shape().to_vec())
+    }
+
+    /// Puts a tensor (one made from others at load) under `name`.
+    pub fn insert(&mut self, name: String, array: Array) {
+        self.tensors.insert(name, array);
+    }
+
     /// Takes a tensor out, checking its shape.
     pub fn take(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
         let array = self

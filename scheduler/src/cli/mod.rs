@@ -261,7 +261,14 @@ pub async fn run(cli: Cli) -> Result<()> {
             println!("    name              {}", s.name);
             println!("    path              {}", s.path);
             println!("    architecture      {}", s.architecture);
-            println!("    parameters        {}", s.parameter_count);
+            if s.active_parameter_count > 0 && s.active_parameter_count < s.parameter_count {
+                println!(
+                    "    parameters        {} ({} active per token)",
+                    s.parameter_count, s.active_parameter_count
+                );
+            } else {
+                println!("    parameters        {}", s.parameter_count);
+            }
             println!(
                 "    quantization      {}",
                 if s.quantization.is_empty() {

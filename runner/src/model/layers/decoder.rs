@@ -1,6 +1,7 @@
-//! The pre-norm decoder-only transformer that Llama, Mistral, Qwen2, Qwen3
-//! and Phi-3 share (`h += attn(norm(h)); h += mlp(norm(h))`); each of those
-//! architecture files maps its config onto a [`DecoderSpec`]. Families whose
+//! The pre-norm decoder-only transformer that Llama, Mistral, Qwen2, Qwen3,
+//! Qwen3-MoE and Phi-3 share (`h += attn(norm(h)); h += mlp(norm(h))`, the
+//! MLP dense or a sparse mixture of experts); each of those architecture
+//! files maps its config onto a [`DecoderSpec`]. Families whose
 //! blocks differ (Gemma's four norms per block) have their own model files
 //! over the same blocks.
 use std::path::Path;
@@ -13,6 +14,7 @@ use super::embedding::Embedding;
 use super::linear::Linear;
 use super::masks::Masks;
 use super::mlp::{Mlp, MlpShape};
+use super::moe::{MoeShape, SparseMoe};
 use super::norm::RmsNorm;
 use super::rope::Rope;
 use crate::cache::{CacheKind, LayerCache};
@@ -32,6 +34,16 @@ pub struct DecoderSpec {
     /// One per layer: full attention, or a sliding window.
     pub kinds: Vec<CacheKind>,
     pub tie_embeddings: bool,
+    /// Sparse layers and their experts (Qwen3-MoE); `None`: all dense.
+    pub moe: Option<MoeLayers>,
+}
+
+/// Which layers are sparse, and the shape of their expert blocks.
+#[derive(Debug, Clone)]
+pub struct MoeLayers {
+    pub shape: MoeShape,
+    /// One per layer: a sparse block (else the dense `mlp`).
+    pub sparse: Vec<bool>,
 }
 
 impl DecoderSpec {
@@ -51,11 +63,33 @@ impl DecoderSpec {
     }
 }
 
+/// A block's feed-forward part.
+pub enum FeedForward {
+    Dense(Mlp),
+    Sparse(Box<SparseMoe>),
+}
+
+impl FeedForward {
+    fn forward(&self, x: &Array) -> Result<Array, Exception> {
+        match self {
+            Self::Dense(m) => m.forward(x),
+            Self::Sparse(m) => m.forward(x),
+        }
+    }
+
+    fn parameters(&self) -> Vec<&Array> {
+        match self {
+            Self::Dense(m) => m.parameters(),
+            Self::Sparse(m) => m.parameters(),
+        }
+    }
+}
+
 struct Block {
     input_norm: RmsNorm,
     attention: Attention,
     post_norm: RmsNorm,
-    mlp: Mlp,
+    mlp: FeedForward,
 }
 
 /// A loaded decoder.
@@ -106,7 +140,17 @@ impl Decoder {
                     hidden,
                     spec.rms_eps,
                 )?,
-                mlp: Mlp::load(w, quant, &format!("{p}.mlp"), spec.mlp)?,
+                mlp: match &spec.moe {
+                    Some(moe) if moe.sparse.get(i).copied().unwrap_or(false) => {
+                        FeedForward::Sparse(Box::new(SparseMoe::load(
+                            w,
+                            quant,
+                            &format!("{p}.mlp"),
+                            moe.shape,
+                        )?))
+                    }
+                    _ => FeedForward::Dense(Mlp::load(w, quant, &format!("{p}.mlp"), spec.mlp)?),
+                },
             });
         }
         let norm = RmsNorm::load(w, "model.norm", hidden, spec.rms_eps)?;
@@ -185,6 +229,21 @@ impl Decoder {
             out.extend(head.parameters());
         }
         out
+    }
+
+    /// The routed experts' arrays and the share of them a token uses
+    /// (`top_k / experts`), per sparse layer.
+    pub fn expert_parameters(&self) -> Vec<(Vec<&Array>, f64)> {
+        self.blocks
+            .iter()
+            .filter_map(|b| match &b.mlp {
+                FeedForward::Sparse(m) => {
+                    let s = m.shape();
+                    Some((m.expert_parameters(), s.top_k as f64 / s.experts as f64))
+                }
+                FeedForward::Dense(_) => None,
+            })
+            .collect()
     }
 
     /// The dtype activations are computed in.

@@ -52,7 +52,7 @@ fn scalar(v: f64, dtype: Dtype) -> Result<Array, Exception> {
 /// `act(gate) * up`. (mlx-rs's `compile` of this, as mlx-lm fuses it, was
 /// measured slower per step on the H200: 125-136 vs 188-198 tok/s on a
 /// Llama-8B shape, so it stays plain ops.)
-fn gated(act: Activation, gate: &Array, up: &Array) -> Result<Array, Exception> {
+pub(crate) fn gated(act: Activation, gate: &Array, up: &Array) -> Result<Array, Exception> {
     match act {
         Activation::Silu => gate.multiply(sigmoid(gate)?)?.multiply(up),
         Activation::GeluApprox => gelu_approx(gate)?.multiply(up),

@@ -5,6 +5,8 @@ pub mod embedding;
 pub mod linear;
 pub mod masks;
 pub mod mlp;
+pub mod moe;
 pub mod norm;
 pub mod rope;
 pub mod sandwich;
+pub mod switch;
