@@ -5,8 +5,9 @@
 //!                   / KV bytes per token of the full-attention layers
 //!
 //! A sliding-window layer holds at most its window (plus a step) per
-//! sequence, whatever the context: `windows` reserves that for every
-//! sequence that may run at once, the prompt-cache entry and its checkpoint.
+//! sequence, whatever the context, and a recurrent layer its fixed state:
+//! `windows` reserves that for every sequence that may run at once, the
+//! prompt-cache entry and its checkpoint.
 use crate::model::Model;
 
 /// Share of memory Grove lets one runner use for weights, KV and activations.
@@ -23,8 +24,9 @@ pub struct Budget {
     pub headroom: u64,
     /// Bytes of keys + values per token, all full-attention layers.
     pub kv_bytes_per_token: u64,
-    /// Bytes the sliding-window layers of one sequence hold at most: the
-    /// batch's sliding buffer and the checkpoint of its prompt.
+    /// Bytes the sliding-window and recurrent layers of one sequence hold
+    /// at most: the batch's sliding buffer or state, and the checkpoint of
+    /// its prompt.
     pub window_bytes_per_sequence: u64,
     /// Tokens the KV entry may hold.
     pub kv_capacity_tokens: u64,
@@ -122,7 +124,8 @@ impl Budget {
                 k.window()
                     .map(|w| (2 * w as u64 + crate::cache::kv::STEP as u64 + 16) * b)
             })
-            .sum();
+            .sum::<u64>()
+            + recurrent_bytes_per_sequence(d, dtype_bytes);
         let (hidden, heads, head_dim) = (d.hidden as u64, d.heads as u64, d.head_dim as u64);
         // One chunk's activations: the residual stream and attention/MLP
         // intermediates (a few of each alive at once), attention scores in float32,
@@ -159,3 +162,17 @@ impl Budget {
 }
 
 const MIB: u64 = 1 << 20;
+
+/// The recurrent layers' states of one sequence, twice: in the batch and in
+/// the checkpoint of its prompt.
+fn recurrent_bytes_per_sequence(d: &crate::model::Dims, dtype_bytes: u64) -> u64 {
+    let layers = d
+        .kinds
+        .iter()
+        .filter(|k| **k == crate::cache::CacheKind::Recurrent)
+        .count() as u64;
+    match d.recurrent_elements {
+        Some((conv, state)) => 2 * layers * (conv * dtype_bytes + state * 4),
+        None => 0,
+    }
+}

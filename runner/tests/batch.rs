@@ -295,6 +295,21 @@ fn check_group(model_name: &str) {
 }
 
 #[test]
+fn batched_logits_match_each_sequence_alone_qwen3_moe() {
+    check("qwen3-moe-f32", 40);
+}
+
+#[test]
+fn batched_logits_match_each_sequence_alone_qwen3_next() {
+    check("qwen3-next-f32", 40);
+}
+
+#[test]
+fn group_prefill_matches_each_prompt_alone_qwen3_next() {
+    check_group("qwen3-next-f32");
+}
+
+#[test]
 fn group_prefill_matches_each_prompt_alone_qwen3() {
     check_group("qwen3-f32");
 }

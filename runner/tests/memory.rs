@@ -34,8 +34,19 @@ fn kv_bytes(caches: &[LayerKv]) -> i64 {
 
 #[test]
 fn active_memory_is_weights_plus_kv_plus_a_constant() {
+    active_invariant("qwen3-f32");
+}
+
+/// The same with recurrent layers: their states (and the convolution's last
+/// inputs, which must not keep a view of the whole chunk alive) count as KV.
+#[test]
+fn active_memory_invariant_holds_with_recurrent_layers() {
+    active_invariant("qwen3-next-f32");
+}
+
+fn active_invariant(name: &str) {
     let _turn = alone();
-    let model = model::load(&fixture("qwen3-f32")).expect("load");
+    let model = model::load(&fixture(name)).expect("load");
     let weights = model.weight_bytes as i64;
     let eos: Vec<u32> = Vec::new(); // no EOS: every request runs to its limit
     let mut cache = PromptCache::new(model.kinds());
@@ -133,11 +144,27 @@ fn active_memory_is_weights_plus_kv_plus_a_constant() {
 /// leaving at different steps) memory is back to weights + entry, flat.
 #[test]
 fn batched_memory_is_weights_plus_kv_plus_a_constant() {
+    batched_invariant("qwen3-f32");
+}
+
+/// The same with experts (a mixture of experts' sorted gather matmuls).
+#[test]
+fn batched_memory_invariant_holds_with_experts() {
+    batched_invariant("qwen3-moe-f32");
+}
+
+/// The same with recurrent layers, whose states and checkpoints count as KV.
+#[test]
+fn batched_memory_invariant_holds_with_recurrent_layers() {
+    batched_invariant("qwen3-next-f32");
+}
+
+fn batched_invariant(name: &str) {
     let _turn = alone();
     use grove_runner::engine::{Engine, EngineConfig, Event, Job, LoadState};
     use std::sync::{Arc, Mutex};
 
-    let dir = fixture("qwen3-f32");
+    let dir = fixture(name);
     let weights = model::load(&dir).expect("load").weight_bytes as i64;
     // (checks, worst slack) seen by the inspector on the engine thread.
     let seen = Arc::new(Mutex::new((0usize, i64::MIN)));
@@ -236,7 +263,7 @@ fn batched_memory_is_weights_plus_kv_plus_a_constant() {
         "memory beyond weights + KV grew across rounds: {first} -> {last}"
     );
     eprintln!(
-        "batched memory invariant: {checks} steps, worst slack {worst} B; idle after rounds {:?} B",
+        "{name}: batched memory invariant: {checks} steps, worst slack {worst} B; idle after rounds {:?} B",
         (after.iter().min(), after.iter().max())
     );
 }

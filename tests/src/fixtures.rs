@@ -9,7 +9,7 @@ use serde::Deserialize;
 /// gemma2, phi3), plus bfloat16 variants (qwen3, gemma3, gemma4, gemma2 and
 /// phi3 weights;
 /// llama 4-bit with bfloat16 scales).
-pub const MODELS: [&str; 29] = [
+pub const MODELS: [&str; 31] = [
     "llama-f32",
     "llama-q4",
     "llama-q4-bf16",
@@ -39,7 +39,12 @@ pub const MODELS: [&str; 29] = [
     "qwen3-moe-f32",
     "qwen3-moe-q4",
     "qwen3-moe-hf-f32",
+    "qwen3-next-f32",
+    "qwen3-next-q4",
 ];
+
+/// The fixtures whose models have recurrent (linear-attention) layers.
+pub const RECURRENT: [&str; 2] = ["qwen3-next-f32", "qwen3-next-q4"];
 
 /// The fixtures whose models have sliding-window layers.
 pub const WINDOWED: [&str; 6] = [

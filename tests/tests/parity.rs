@@ -1,6 +1,6 @@
 //! The runner against mlx-lm: on every fixture model (llama, mistral, qwen2,
 //! qwen3, llama with biases and sliding windows, gemma3, gemma4, gemma2, phi3,
-//! qwen3-moe;
+//! qwen3-moe, qwen3-next;
 //! float32 and 4-bit; bfloat16 qwen3, gemma3, gemma4, gemma2, phi3 and bfloat16-scaled 4-bit
 //! llama),
 //! greedy decoding must give mlx-lm's tokens exactly,
@@ -308,6 +308,16 @@ fn qwen3_moe_q4_matches_mlx_lm() -> Result<()> {
 #[test]
 fn qwen3_moe_per_expert_checkpoint_matches_mlx_lm() -> Result<()> {
     check_model("qwen3-moe-hf-f32")
+}
+
+#[test]
+fn qwen3_next_f32_matches_mlx_lm() -> Result<()> {
+    check_model("qwen3-next-f32")
+}
+
+#[test]
+fn qwen3_next_q4_matches_mlx_lm() -> Result<()> {
+    check_model("qwen3-next-q4")
 }
 
 /// GGUF copies of the float32 fixtures, written as llama.cpp's converter writes

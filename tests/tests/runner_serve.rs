@@ -378,22 +378,30 @@ fn chat_request(
 }
 
 /// Models with sliding-window layers (windows of 24 and 32 tokens, prompts
-/// of ~300): every follow-up turn hits the prompt cache although the
-/// rotating caches have evicted the start, and gives the text of a cold run.
+/// of ~300) or recurrent ones: every follow-up turn hits the prompt cache
+/// although the rotating caches have evicted the start and a recurrent
+/// state cannot go back at all, and gives the text of a cold run.
 /// A turn that continues the entry reuses all of it; one that branches 40
 /// tokens back reuses at least the entry's checkpoint at the end of the last
 /// prompt (here the windows still hold enough to go back: the batch keeps a
 /// margin and slides by whole steps; prompt_cache's tests cover the
-/// checkpoint itself).
+/// checkpoint itself; a recurrent model reuses exactly the checkpoint).
 #[tokio::test]
 async fn windowed_models_hit_the_cache_every_turn() -> Result<()> {
-    for model in fixtures::WINDOWED {
+    for model in fixtures::WINDOWED.iter().chain(&fixtures::RECURRENT) {
+        let model = *model;
         let reference = fixtures::reference(model)?;
+        // A recurrent state holds the EOS it took in, so a turn that
+        // continues after the answer without it branches off the entry (see
+        // chat_turn_two_reuses_turn_one): the longest case that ends by
+        // length is used for those.
+        let recurrent = fixtures::RECURRENT.contains(&model);
         let case = reference
             .cases
             .iter()
-            .find(|c| c.name == "long")
-            .context("no long case")?;
+            .filter(|c| !recurrent || c.finish_reason == "length")
+            .max_by_key(|c| c.prompt_tokens.len())
+            .context("no case")?;
         let (_served, mut client) = Served::start(&fixtures::model_dir(model)?, &[]).await?;
         let turn1 = complete(
             &mut client,
@@ -426,6 +434,23 @@ async fn windowed_models_hit_the_cache_every_turn() -> Result<()> {
             prompt2.len() - 1
         );
 
+        // A recurrent state goes back only to the checkpoint, which costs
+        // one state per recurrent layer (qwen3-next: 3 layers of a 3x128
+        // float32 convolution state and 4 float32 16x16 recurrent states).
+        if recurrent {
+            ensure!(
+                turn3.metrics().cached_prompt_tokens as usize == prompt2.len() - 1,
+                "{model}: turn 3 reused {}",
+                turn3.metrics().cached_prompt_tokens
+            );
+            let status = client.status(pb::StatusRequest {}).await?.into_inner();
+            let m = status.memory.context("no memory report")?;
+            let per_state = 3 * (3 * 128 + 4 * 16 * 16) * 4;
+            ensure!(m.checkpoint_bytes == per_state, "{m:?}");
+            ensure!(m.window_bytes_per_sequence == 2 * per_state, "{m:?}");
+            // Full attention: 1 layer of 2 KV heads of 32 floats.
+            ensure!(m.kv_bytes_per_token == 2 * 2 * 32 * 4, "{m:?}");
+        }
         // Gemma 4's shared layers keep no cache but are layers.
         if model == "gemma4-f32" {
             let status = client.status(pb::StatusRequest {}).await?.into_inner();
@@ -472,8 +497,18 @@ const WEATHER_TOOL: &str = r#"{"type": "function", "function": {"name": "get_wea
 /// answer as far as the template re-renders it) and answers as a cold run does.
 #[tokio::test]
 async fn chat_turn_two_reuses_turn_one() -> Result<()> {
-    for model in ["qwen2-f32", "llama-q4"] {
+    for model in ["qwen2-f32", "llama-q4", "qwen3-next-f32"] {
         let (_served, mut client) = Served::start(&fixtures::model_dir(model)?, &[]).await?;
+        // A recurrent model goes back to its checkpoint when the answer
+        // re-renders differently: all of the prompt but its last token
+        // (evaluated with the first decode step).
+        let least = |prompt: u32| {
+            if fixtures::RECURRENT.contains(&model) {
+                prompt - 1
+            } else {
+                prompt
+            }
+        };
         let system = message(pb::Role::System, "You are a terse assistant.");
         let user1 = message(pb::Role::User, "Tell me about the quick brown fox.");
         let turn1 = complete(
@@ -492,7 +527,8 @@ async fn chat_turn_two_reuses_turn_one() -> Result<()> {
         let turn2 = complete(&mut client, chat_request(turn2_messages.clone(), &[], 12)).await?;
         let m = turn2.metrics();
         ensure!(
-            m.cached_prompt_tokens >= first_prompt && m.cached_prompt_tokens < m.prompt_tokens,
+            m.cached_prompt_tokens >= least(first_prompt)
+                && m.cached_prompt_tokens < m.prompt_tokens,
             "{model}: turn 2 reused {} of {} tokens; turn 1's prompt alone was {first_prompt}",
             m.cached_prompt_tokens,
             m.prompt_tokens

@@ -19,13 +19,19 @@
 //! [`BatchKvCache::with_padding`] takes `[K, L]` left-padded prompt chunks (the pad
 //! slots are masked from every real token), then [`BatchKvCache::merge`]s
 //! into the decode batch.
+//!
+//! A recurrent layer's batch ([`CacheKind::Recurrent`]) holds no keys: its
+//! rows' states are stacked in a [`RecurrentCache`], joined, filtered and
+//! extracted the same way.
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::{Array, Dtype};
 
 use super::kv::{KvCache, STEP, write_at};
-use super::{AttentionMask, CacheKind, LayerCache, LayerKv, Positions, RotatingKvCache};
+use super::{
+    AttentionMask, CacheKind, LayerCache, LayerKv, Positions, RecurrentCache, RotatingKvCache,
+};
 
 /// Slots a windowed batch keeps beyond its window when it slides, so that a
 /// row leaving a few tokens short of the end still has its window.
@@ -43,6 +49,8 @@ pub struct BatchKvCache {
     left_padding: Vec<i32>,
     /// A windowed layer's window.
     window: Option<i32>,
+    /// A recurrent layer's states (then nothing above is used).
+    recurrent: Option<RecurrentCache>,
 }
 
 /// A buffer of capacity `cap` (a whole number of steps) holding `data` in its
@@ -64,6 +72,7 @@ impl BatchKvCache {
     pub fn new(kind: CacheKind) -> Self {
         Self {
             window: kind.window(),
+            recurrent: (kind == CacheKind::Recurrent).then(RecurrentCache::new),
             ..Self::default()
         }
     }
@@ -73,30 +82,45 @@ impl BatchKvCache {
     /// prefilled together.
     pub fn with_padding(left_padding: Vec<i32>, kind: CacheKind) -> Self {
         Self {
-            left_padding,
             window: kind.window(),
+            recurrent: (kind == CacheKind::Recurrent)
+                .then(|| RecurrentCache::with_padding(left_padding.clone())),
+            left_padding,
             ..Self::default()
         }
     }
 
     /// The kind of layer this batch serves.
     pub fn kind(&self) -> CacheKind {
+        if self.recurrent.is_some() {
+            return CacheKind::Recurrent;
+        }
         self.window.map_or(CacheKind::Full, CacheKind::Window)
     }
 
     /// Rows (sequences).
     pub fn rows(&self) -> usize {
-        self.left_padding.len()
+        match &self.recurrent {
+            Some(r) if r.offset() > 0 || !self.left_padding.is_empty() => r.rows(),
+            Some(_) => 0,
+            None => self.left_padding.len(),
+        }
     }
 
     /// Time slots written (the longest row's length).
     pub fn idx(&self) -> i32 {
-        self.idx
+        match &self.recurrent {
+            Some(r) => r.offset(),
+            None => self.idx,
+        }
     }
 
     /// Tokens row `b` holds.
     pub fn len_of(&self, b: usize) -> i32 {
-        self.idx - self.left_padding[b]
+        match &self.recurrent {
+            Some(r) => r.len_of(b),
+            None => self.idx - self.left_padding[b],
+        }
     }
 
     /// Appends row(s) holding `len` tokens each in `keys`/`values`
@@ -110,6 +134,9 @@ impl BatchKvCache {
     /// Appends another batch's rows (a prefilled group), their own left
     /// padding kept.
     pub fn merge(&mut self, other: &BatchKvCache) -> Result<(), Exception> {
+        if let (Some(mine), Some(theirs)) = (&mut self.recurrent, &other.recurrent) {
+            return mine.merge(theirs);
+        }
         match (&other.keys, &other.values) {
             (Some(k), Some(v)) => self.append(k, v, other.idx, &other.left_padding),
             _ => Err(Exception::custom("merging an empty batch")),
@@ -161,6 +188,15 @@ impl BatchKvCache {
     /// holds only the end of its sequence: the row begins before the buffer).
     pub fn extend_from(&mut self, cache: &LayerKv) -> Result<(), Exception> {
         match cache {
+            LayerKv::Recurrent(c) => match &mut self.recurrent {
+                Some(r) => r.merge(c),
+                None => Err(Exception::custom(
+                    "a recurrent state joining an attention batch",
+                )),
+            },
+            _ if self.recurrent.is_some() => Err(Exception::custom(
+                "keys and values joining a recurrent batch",
+            )),
             LayerKv::Full(c) => match c.buffers() {
                 Some((k, v)) => self.extend(k, v, c.offset()),
                 None => Err(Exception::custom("joining an empty cache")),
@@ -207,6 +243,9 @@ impl BatchKvCache {
 
     /// Keeps only the rows `keep` (in that order), then compacts.
     pub fn filter(&mut self, keep: &[usize]) -> Result<(), Exception> {
+        if let Some(r) = &mut self.recurrent {
+            return r.filter(keep);
+        }
         if keep.is_empty() {
             *self = Self::new(self.kind());
             return Ok(());
@@ -234,7 +273,15 @@ impl BatchKvCache {
     /// its own (copied), e.g. for the prompt cache when the sequence ends: a
     /// growing cache, or for a windowed layer a rotating one of what the
     /// buffer still holds (`None` if that is less than the window).
+    /// A recurrent layer's row only as a whole (`None` if `keep` is short of
+    /// it: a state cannot go back).
     pub fn extract(&self, b: usize, keep: i32) -> Result<Option<LayerKv>, Exception> {
+        if let Some(r) = &self.recurrent {
+            if keep < r.len_of(b) {
+                return Ok(None);
+            }
+            return Ok(Some(LayerKv::Recurrent(r.extract(b)?)));
+        }
         let (Some(k), Some(v)) = (&self.keys, &self.values) else {
             return Ok(Some(LayerKv::new(self.kind())));
         };
@@ -265,7 +312,10 @@ impl BatchKvCache {
 
     /// The buffers, for evaluation.
     pub fn arrays(&self) -> impl Iterator<Item = &Array> {
-        self.keys.iter().chain(self.values.iter())
+        self.keys
+            .iter()
+            .chain(self.values.iter())
+            .chain(self.recurrent.iter().flat_map(RecurrentCache::arrays))
     }
 
     /// Bytes held by the buffers.
@@ -300,6 +350,9 @@ impl LayerCache for BatchKvCache {
     /// or a window to apply this is plain causal masking (or none for one
     /// token).
     fn mask(&self, n: i32, window: Option<i32>) -> Result<AttentionMask, Exception> {
+        if let Some(r) = &self.recurrent {
+            return r.mask(n);
+        }
         let window = window.or(self.window);
         let windowed = window.is_some_and(|w| self.idx + n > w);
         if !self.has_padding() && !windowed {
@@ -327,9 +380,18 @@ impl LayerCache for BatchKvCache {
         keys: &Array,
         values: &Array,
     ) -> Result<(Array, Array), Exception> {
+        if self.recurrent.is_some() {
+            return Err(Exception::custom(
+                "a recurrent layer keeps no keys and values",
+            ));
+        }
         let held = write_at(&mut self.keys, &mut self.values, self.idx, keys, values)?;
         self.idx += keys.dim(2);
         Ok(held)
+    }
+
+    fn recurrent(&mut self) -> Option<&mut RecurrentCache> {
+        self.recurrent.as_mut()
     }
 }
 

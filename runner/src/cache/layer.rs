@@ -1,11 +1,14 @@
 //! One layer of one sequence's cache, by the layer's [`CacheKind`]: a growing
 //! [`KvCache`] for a layer that attends over everything, a
-//! [`RotatingKvCache`] of the window for a sliding-window layer (mlx-lm's
-//! `make_cache` of each architecture).
+//! [`RotatingKvCache`] of the window for a sliding-window layer, a
+//! [`RecurrentCache`] for a linear-attention layer (mlx-lm's `make_cache` of
+//! each architecture).
 use mlx_rs::Array;
 use mlx_rs::error::Exception;
 
-use super::{AttentionMask, CacheKind, KvCache, LayerCache, Positions, RotatingKvCache};
+use super::{
+    AttentionMask, CacheKind, KvCache, LayerCache, Positions, RecurrentCache, RotatingKvCache,
+};
 
 /// A sequence's cache of one layer. Cloning shares the buffers until either
 /// side writes.
@@ -13,6 +16,7 @@ use super::{AttentionMask, CacheKind, KvCache, LayerCache, Positions, RotatingKv
 pub enum LayerKv {
     Full(KvCache),
     Window(RotatingKvCache),
+    Recurrent(RecurrentCache),
 }
 
 impl LayerKv {
@@ -21,6 +25,7 @@ impl LayerKv {
         match kind {
             CacheKind::Full => LayerKv::Full(KvCache::new()),
             CacheKind::Window(n) => LayerKv::Window(RotatingKvCache::new(n, 0)),
+            CacheKind::Recurrent => LayerKv::Recurrent(RecurrentCache::new()),
         }
     }
 
@@ -34,6 +39,7 @@ impl LayerKv {
         match self {
             LayerKv::Full(_) => CacheKind::Full,
             LayerKv::Window(c) => CacheKind::Window(c.max_size()),
+            LayerKv::Recurrent(_) => CacheKind::Recurrent,
         }
     }
 
@@ -42,11 +48,13 @@ impl LayerKv {
         match self {
             LayerKv::Full(c) => c.offset(),
             LayerKv::Window(c) => c.offset(),
+            LayerKv::Recurrent(c) => c.offset(),
         }
     }
 
     /// Keeps only the first `n` tokens when the layer can (a window that has
-    /// evicted what the next token needs cannot: false, nothing changed).
+    /// evicted what the next token needs cannot, nor a recurrent state: false,
+    /// nothing changed).
     pub fn rewind_to(&mut self, n: i32) -> Result<bool, Exception> {
         let drop = self.offset() - n;
         match self {
@@ -55,6 +63,7 @@ impl LayerKv {
                 Ok(true)
             }
             LayerKv::Window(c) => c.rewind(drop),
+            LayerKv::Recurrent(_) => Ok(drop == 0),
         }
     }
 
@@ -62,8 +71,13 @@ impl LayerKv {
     pub fn as_window(&self) -> Option<&RotatingKvCache> {
         match self {
             LayerKv::Window(c) => Some(c),
-            LayerKv::Full(_) => None,
+            _ => None,
         }
+    }
+
+    /// Whether it can go back to any earlier token (only a growing cache can).
+    pub fn trims(&self) -> bool {
+        matches!(self, LayerKv::Full(_))
     }
 
     /// The buffers, for evaluation.
@@ -71,6 +85,7 @@ impl LayerKv {
         match self {
             LayerKv::Full(c) => Box::new(c.arrays()),
             LayerKv::Window(c) => Box::new(c.arrays()),
+            LayerKv::Recurrent(c) => Box::new(c.arrays()),
         }
     }
 
@@ -79,6 +94,7 @@ impl LayerKv {
         match self {
             LayerKv::Full(c) => c.nbytes(),
             LayerKv::Window(c) => c.nbytes(),
+            LayerKv::Recurrent(c) => c.nbytes(),
         }
     }
 }
@@ -92,6 +108,7 @@ impl LayerCache for LayerKv {
         match self {
             LayerKv::Full(c) => c.mask(n, window),
             LayerKv::Window(c) => c.make_mask_with(n, window, false),
+            LayerKv::Recurrent(c) => c.mask(n),
         }
     }
 
@@ -103,6 +120,16 @@ impl LayerCache for LayerKv {
         match self {
             LayerKv::Full(c) => c.update_and_fetch(keys, values),
             LayerKv::Window(c) => c.update_and_fetch(keys, values),
+            LayerKv::Recurrent(_) => Err(Exception::custom(
+                "a recurrent layer keeps no keys and values",
+            )),
+        }
+    }
+
+    fn recurrent(&mut self) -> Option<&mut RecurrentCache> {
+        match self {
+            LayerKv::Recurrent(c) => Some(c),
+            _ => None,
         }
     }
 }

@@ -2,11 +2,14 @@
 //! the sliding-window one ([`rotating::RotatingKvCache`]), either of them as a
 //! sequence's layer ([`layer::LayerKv`], by the layer's [`CacheKind`]), and the
 //! left-padded buffer of a decode batch ([`batch::BatchKvCache`], mlx-lm's
-//! `BatchKVCache`, which also keeps only a window for windowed layers).
-//! Attention reads any of them through [`LayerCache`].
+//! `BatchKVCache`, which also keeps only a window for windowed layers), and
+//! the state of a recurrent layer ([`recurrent::RecurrentCache`], mlx-lm's
+//! `ArraysCache`), alone or in a batch. Layers read any of them through
+//! [`LayerCache`].
 pub mod batch;
 pub mod kv;
 pub mod layer;
+pub mod recurrent;
 pub mod rotating;
 
 use mlx_rs::Array;
@@ -16,6 +19,7 @@ use mlx_rs::fast::ScaledDotProductAttentionMask;
 pub use batch::BatchKvCache;
 pub use kv::KvCache;
 pub use layer::LayerKv;
+pub use recurrent::RecurrentCache;
 pub use rotating::RotatingKvCache;
 
 /// What a layer attends over, and so which cache it keeps.
@@ -25,15 +29,22 @@ pub enum CacheKind {
     Full,
     /// Only the last `n` tokens, itself included (a rotating cache of `n`).
     Window(i32),
+    /// No attention: a recurrent state of fixed size (linear attention).
+    Recurrent,
 }
 
 impl CacheKind {
     /// The window, for a windowed layer.
     pub fn window(self) -> Option<i32> {
         match self {
-            CacheKind::Full => None,
             CacheKind::Window(n) => Some(n),
+            CacheKind::Full | CacheKind::Recurrent => None,
         }
+    }
+
+    /// Whether the layer keeps keys and values for every token.
+    pub fn grows(self) -> bool {
+        self == CacheKind::Full
     }
 }
 
@@ -83,6 +94,8 @@ pub trait LayerCache {
         keys: &Array,
         values: &Array,
     ) -> Result<(Array, Array), Exception>;
+    /// A recurrent layer's state; `None` for an attention layer's cache.
+    fn recurrent(&mut self) -> Option<&mut RecurrentCache>;
 }
 
 impl LayerCache for KvCache {
@@ -105,5 +118,9 @@ impl LayerCache for KvCache {
         values: &Array,
     ) -> Result<(Array, Array), Exception> {
         KvCache::update_and_fetch(self, keys, values)
+    }
+
+    fn recurrent(&mut self) -> Option<&mut RecurrentCache> {
+        None
     }
 }

@@ -24,8 +24,10 @@ pub struct Left {
     pub outcome: Progress,
     /// Its KV (prompt and the generated tokens that are text), when it ended
     /// normally: a candidate for the prompt cache, with the checkpoint of its
-    /// windowed layers taken at the end of its prompt.
-    pub cache: Option<(Vec<LayerKv>, Option<Checkpoint>)>,
+    /// windowed layers taken at the end of its prompt, and the tokens it
+    /// holds beyond the prompt and the text (a fed EOS that a recurrent
+    /// state has taken in and cannot give back).
+    pub cache: Option<(Vec<LayerKv>, Option<Checkpoint>, Vec<u32>)>,
 }
 
 /// The running batch.
@@ -227,7 +229,16 @@ impl Batch {
                     let row = &mut self.rows[i];
                     // The cache holds the prompt and every token fed; a fed
                     // EOS is not text and is not kept.
-                    let held = (row.prompt.len() + row.fed.min(row.tokens.len())) as i32;
+                    let mut held = (row.prompt.len() + row.fed.min(row.tokens.len())) as i32;
+                    // A recurrent state cannot go back: where it took in
+                    // the EOS, the entry keeps the EOS too.
+                    let mut tail = Vec::new();
+                    if row.fed > row.tokens.len()
+                        && self.layers.iter().any(|l| l.kind() == CacheKind::Recurrent)
+                    {
+                        held += 1;
+                        tail.push(tokens[i]);
+                    }
                     let mut caches = Vec::with_capacity(self.layers.len());
                     for layer in &self.layers {
                         caches.push(layer.extract(i, held).phase("leaving the batch")?);
@@ -243,7 +254,7 @@ impl Batch {
                             .phase("leaving the batch")?;
                     }
                     let checkpoint = row.checkpoint.take();
-                    left.push((i, caches.map(|c| (c, checkpoint))));
+                    left.push((i, caches.map(|c| (c, checkpoint, tail))));
                 }
                 Progress::Gone => left.push((i, None)),
             }

@@ -10,44 +10,51 @@
 //! the entry's prompt, taken when that prompt was prefilled. A follow-up turn
 //! then reuses the previous prompt and re-evaluates only the previous answer
 //! and the new message, instead of everything. A checkpoint holds one window
-//! per windowed layer (no full layer: those trim back), and it is counted in
-//! the entry's bytes and its capacity in tokens.
+//! per windowed layer and the state of each recurrent layer (which cannot go
+//! back at all: a prefix shorter than the entry is reused only through the
+//! checkpoint), no full layer (those trim back), and it is counted in the
+//! entry's bytes and its capacity in tokens.
 use mlx_rs::Array;
 use mlx_rs::error::Exception;
 
-use crate::cache::{BatchKvCache, CacheKind, LayerKv, RotatingKvCache};
+use crate::cache::{BatchKvCache, CacheKind, LayerKv};
 
-/// The windowed layers of a sequence at a reuse point: after its first
-/// `tokens` tokens.
+/// The layers of a sequence that cannot go back (windowed and recurrent)
+/// as they were at a reuse point: after its first `tokens` tokens.
 #[derive(Clone)]
 pub struct Checkpoint {
     pub tokens: usize,
-    /// One per layer: the windowed layers' caches, `None` for full layers.
-    windows: Vec<Option<RotatingKvCache>>,
+    /// One per layer: a copy of a layer that cannot go back, `None` for full
+    /// layers (they trim back to `tokens`).
+    held: Vec<Option<LayerKv>>,
+}
+
+/// A windowed layer's cache copied down to its window, or a recurrent state.
+fn kept(layer: &LayerKv) -> Result<Option<LayerKv>, Exception> {
+    Ok(match layer {
+        LayerKv::Full(_) => None,
+        LayerKv::Window(w) => Some(LayerKv::Window(w.compacted()?)),
+        // Its arrays are never written in place: sharing them is a copy.
+        LayerKv::Recurrent(r) => Some(LayerKv::Recurrent(r.clone())),
+    })
 }
 
 impl Checkpoint {
-    /// The windowed layers of `caches` (a sequence's, holding `tokens`),
-    /// each copied down to its window, or nothing when the model has none.
+    /// The layers of `caches` (a sequence's, holding `tokens`) that cannot
+    /// go back, or nothing when the model has none.
     pub fn of(caches: &[LayerKv], tokens: usize) -> Result<Option<Self>, Exception> {
-        if caches.iter().all(|c| c.as_window().is_none()) {
+        if caches.iter().all(LayerKv::trims) {
             return Ok(None);
         }
-        let mut windows = Vec::with_capacity(caches.len());
-        for c in caches {
-            windows.push(match c.as_window() {
-                Some(w) => Some(w.compacted()?),
-                None => None,
-            });
-        }
-        let cp = Self { tokens, windows };
+        let held = caches.iter().map(kept).collect::<Result<Vec<_>, _>>()?;
+        let cp = Self { tokens, held };
         // Copied now: unevaluated, the copies would keep the sources alive.
         mlx_rs::transforms::async_eval(cp.arrays())?;
         Ok(Some(cp))
     }
 
-    /// Row `row`'s windowed layers from a prefilled group's caches, after its
-    /// first `tokens` tokens (copied).
+    /// Row `row`'s layers that cannot go back, from a prefilled group's
+    /// caches, after its first `tokens` tokens (copied).
     pub fn from_batch(
         layers: &[BatchKvCache],
         row: usize,
@@ -56,36 +63,32 @@ impl Checkpoint {
         if layers.iter().all(|l| l.kind() == CacheKind::Full) {
             return Ok(None);
         }
-        let mut windows = Vec::with_capacity(layers.len());
+        let mut held = Vec::with_capacity(layers.len());
         for layer in layers {
-            windows.push(match layer.kind() {
+            held.push(match layer.kind() {
                 CacheKind::Full => None,
-                CacheKind::Window(_) => match layer.extract(row, tokens as i32)? {
-                    Some(LayerKv::Window(c)) => Some(c.compacted()?),
-                    _ => return Ok(None),
-                },
+                CacheKind::Window(_) | CacheKind::Recurrent => {
+                    match layer.extract(row, tokens as i32)? {
+                        Some(c @ LayerKv::Recurrent(_)) => Some(c),
+                        Some(LayerKv::Window(c)) => Some(LayerKv::Window(c.compacted()?)),
+                        _ => return Ok(None),
+                    }
+                }
             });
         }
-        let cp = Self { tokens, windows };
+        let cp = Self { tokens, held };
         mlx_rs::transforms::async_eval(cp.arrays())?;
         Ok(Some(cp))
     }
 
     /// Bytes of its buffers.
     pub fn nbytes(&self) -> usize {
-        self.windows
-            .iter()
-            .flatten()
-            .map(RotatingKvCache::nbytes)
-            .sum()
+        self.held.iter().flatten().map(LayerKv::nbytes).sum()
     }
 
     /// The buffers.
     pub fn arrays(&self) -> impl Iterator<Item = &Array> {
-        self.windows
-            .iter()
-            .flatten()
-            .flat_map(RotatingKvCache::arrays)
+        self.held.iter().flatten().flat_map(LayerKv::arrays)
     }
 }
 
@@ -160,9 +163,9 @@ impl PromptCache {
     /// place of the entry's.
     fn restored(&self, cp: &Checkpoint) -> Option<Vec<LayerKv>> {
         let mut out = Vec::with_capacity(self.layers.len());
-        for (layer, window) in self.layers.iter().zip(&cp.windows) {
-            match window {
-                Some(w) => out.push(LayerKv::Window(w.clone())),
+        for (layer, held) in self.layers.iter().zip(&cp.held) {
+            match held {
+                Some(h) => out.push(h.clone()),
                 None => {
                     let mut c = layer.clone();
                     if !c.rewind_to(cp.tokens as i32).ok()? {

@@ -447,13 +447,14 @@ impl Worker {
         };
         for gone in left {
             match (gone.outcome, gone.cache) {
-                (Progress::Finished(r), Some((caches, checkpoint))) => {
+                (Progress::Finished(r), Some((caches, checkpoint, tail))) => {
                     let held = caches.first().map_or(0, LayerKv::offset) as usize;
                     let tokens: Vec<u32> = gone
                         .sequence
                         .prompt
                         .iter()
                         .chain(&gone.sequence.tokens)
+                        .chain(&tail)
                         .copied()
                         .take(held)
                         .collect();

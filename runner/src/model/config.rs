@@ -19,6 +19,8 @@ pub enum Architecture {
     Qwen3,
     /// Qwen3's mixture of experts (`Qwen3MoeForCausalLM`).
     Qwen3Moe,
+    /// Qwen3-Next: gated delta-net layers between full attention, experts.
+    Qwen3Next,
     /// Gemma 3's text model (`Gemma3ForCausalLM`, model_type `gemma3_text`).
     Gemma3Text,
     /// Gemma 3 with vision (`Gemma3ForConditionalGeneration`): its text part.
@@ -47,6 +49,7 @@ impl Architecture {
             Some("Qwen2ForCausalLM") => Some(Self::Qwen2),
             Some("Qwen3ForCausalLM") => Some(Self::Qwen3),
             Some("Qwen3MoeForCausalLM") => Some(Self::Qwen3Moe),
+            Some("Qwen3NextForCausalLM") => Some(Self::Qwen3Next),
             Some("Gemma3ForCausalLM") => Some(Self::Gemma3Text),
             Some("Gemma3ForConditionalGeneration") => Some(Self::Gemma3),
             Some("Gemma2ForCausalLM") => Some(Self::Gemma2),
@@ -60,6 +63,7 @@ impl Architecture {
                 Some("qwen2") => Some(Self::Qwen2),
                 Some("qwen3") => Some(Self::Qwen3),
                 Some("qwen3_moe") => Some(Self::Qwen3Moe),
+                Some("qwen3_next") => Some(Self::Qwen3Next),
                 Some("gemma3_text") => Some(Self::Gemma3Text),
                 Some("gemma3") => Some(Self::Gemma3),
                 Some("gemma2") => Some(Self::Gemma2),
@@ -74,7 +78,7 @@ impl Architecture {
             message: format!(
                 "unsupported architecture {} (model_type {}); supported: \
                  LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
-                 Qwen3MoeForCausalLM, \
+                 Qwen3MoeForCausalLM, Qwen3NextForCausalLM, \
                  Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma2ForCausalLM, \
                  Gemma4ForCausalLM, Gemma4ForConditionalGeneration, \
                  Phi3ForCausalLM",
@@ -92,6 +96,7 @@ impl Architecture {
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Qwen3Moe => "qwen3_moe",
+            Self::Qwen3Next => "qwen3_next",
             Self::Gemma3Text => "gemma3_text",
             Self::Gemma3 => "gemma3",
             Self::Gemma2 => "gemma2",

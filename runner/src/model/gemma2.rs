@@ -81,6 +81,7 @@ impl Gemma2 {
             head_dim: c.head_dim,
             kinds: vec![CacheKind::Full; layer_count(path, c.num_hidden_layers)?],
             kv_widths: None,
+            recurrent_elements: None,
         };
         dims.validate(path)?;
         check_eps(path, c.rms_norm_eps)?;

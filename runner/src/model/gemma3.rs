@@ -251,6 +251,7 @@ impl Gemma3 {
             head_dim: c.head_dim,
             kinds,
             kv_widths: None,
+            recurrent_elements: None,
         };
         dims.validate(path)?;
         check_eps(path, c.rms_norm_eps)?;
@@ -290,7 +291,7 @@ impl Gemma3 {
         for (i, kind) in dims.kinds.iter().enumerate() {
             let rope = match kind {
                 CacheKind::Full => global.clone(),
-                CacheKind::Window(_) => local.clone(),
+                CacheKind::Window(_) | CacheKind::Recurrent => local.clone(),
             };
             blocks.push(SandwichBlock::load(
                 w,

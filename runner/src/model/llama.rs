@@ -132,6 +132,7 @@ impl Config {
             kinds: self.kinds(path)?,
             tie_embeddings: self.tie_word_embeddings.unwrap_or(!has_lm_head),
             moe: None,
+            delta: None,
         })
     }
 }

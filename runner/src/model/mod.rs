@@ -21,6 +21,7 @@ pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_moe;
+pub mod qwen3_next;
 pub mod safetensors;
 pub mod weights;
 
@@ -51,9 +52,12 @@ pub struct Dims {
     pub head_dim: i32,
     /// One per cache (per layer, but for layers that read another's keys).
     pub kinds: Vec<CacheKind>,
-    /// Each cache's `kv_heads * head_dim` where layers differ (Gemma 4);
-    /// `None`: all are `kv_heads * head_dim`.
+    /// Each cache's `kv_heads * head_dim` where layers differ (Gemma 4;
+    /// recurrent layers: 0); `None`: all are `kv_heads * head_dim`.
     pub kv_widths: Option<Vec<i32>>,
+    /// Values one recurrent layer's state holds per sequence: its
+    /// convolution's (compute dtype) and its recurrence's (float32).
+    pub recurrent_elements: Option<(u64, u64)>,
 }
 
 impl Dims {
@@ -213,6 +217,15 @@ pub fn load_parts(
             (
                 decoder_of(spec, &mut weights)?,
                 Some(c.qwen3.base.max_position_embeddings),
+            )
+        }
+        Architecture::Qwen3Next => {
+            let c: qwen3_next::Config = config::typed(&path, &raw)?;
+            let spec = c.spec(&path)?;
+            qwen3_next::sanitize(&mut weights)?;
+            (
+                decoder_of(spec, &mut weights)?,
+                Some(c.max_position_embeddings),
             )
         }
         Architecture::Phi3 => {

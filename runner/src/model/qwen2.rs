@@ -82,6 +82,7 @@ impl Config {
             kinds: vec![CacheKind::Full; layer_count(path, self.num_hidden_layers)?],
             tie_embeddings: self.tie_word_embeddings,
             moe: None,
+            delta: None,
         })
     }
 }

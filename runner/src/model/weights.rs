@@ -53,6 +53,26 @@ impl Weights {
         self.tensors.contains_key(name)
     }
 
+    /// Whether any tensor's name satisfies `pred`.
+    pub fn any(&self, pred: impl Fn(&str) -> bool) -> bool {
+        self.tensors.keys().any(|k| pred(k))
+    }
+
+    /// Replaces each tensor whose name satisfies `pred` by `f` of it.
+    pub fn update(
+        &mut self,
+        pred: impl Fn(&str) -> bool,
+        f: impl Fn(&Array) -> std::result::Result<Array, mlx_rs::error::Exception>,
+    ) -> Result<()> {
+        for (name, array) in self.tensors.iter_mut() {
+            if pred(name) {
+                *array = f(array)
+                    .map_err(|e| RunnerError::Weights(format!("converting {name}: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
     /// The shape of a tensor, if it exists.
     pub fn shape_of(&self, name: &str) -> Option<Vec<i32>> {
         self.tensors.get(name).map(|a| a.shape().to_vec())

@@ -143,6 +143,7 @@ impl Gemma4 {
                     .collect(),
             ),
             kinds,
+            recurrent_elements: None,
         };
         dims.validate(path)?;
         for (what, v) in [

@@ -3,7 +3,9 @@
 //! `attention_bias`), optional per-head q/k RMS norms (Qwen3, Gemma 3), the
 //! score scale (Gemma's `query_pre_attn_scalar`) and tanh soft-capping of the
 //! scores (Gemma 2), which `scaled_dot_product_attention` cannot do, so such
-//! a layer computes attention in plain ops as mlx-lm's gemma2 does.
+//! a layer computes attention in plain ops as mlx-lm's gemma2 does; and an
+//! output gate (Qwen3-Next: `q_proj` also yields a per-head gate, and the
+//! attention output is multiplied by its sigmoid before `o_proj`).
 use mlx_rs::error::Exception;
 use mlx_rs::ops::{expand_dims, select, softmax_axis, split_at_indices, tanh};
 use mlx_rs::{Array, Dtype, fast};
@@ -42,6 +44,8 @@ pub struct AttentionShape {
     pub softcap: Option<f32>,
     /// One `qkv_proj` holding q, k and v's rows.
     pub fused_qkv: bool,
+    /// `q_proj` yields `[query, gate]` per head; out = o(attn * sigmoid(gate)).
+    pub output_gate: bool,
 }
 
 impl AttentionShape {
@@ -58,6 +62,7 @@ impl AttentionShape {
             scale: None,
             softcap: None,
             fused_qkv: false,
+            output_gate: false,
         }
     }
 }
@@ -87,6 +92,7 @@ impl Attention {
         rope: Rope,
     ) -> Result<Self> {
         let (q_out, kv_out) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+        let q_rows = if s.output_gate { 2 * q_out } else { q_out };
         let qk_norm = match s.qk_norm {
             Some(n) => Some((
                 RmsNorm::load_offset(w, &format!("{prefix}.q_norm"), s.head_dim, n.eps, n.offset)?,
@@ -108,7 +114,7 @@ impl Attention {
             Projections::Fused(linear(w, "qkv_proj", q_out + 2 * kv_out)?)
         } else {
             Projections::Separate {
-                q: linear(w, "q_proj", q_out)?,
+                q: linear(w, "q_proj", q_rows)?,
                 k: linear(w, "k_proj", kv_out)?,
                 v: linear(w, "v_proj", kv_out)?,
             }
@@ -153,7 +159,12 @@ impl Attention {
                 (parts[0].clone(), parts[1].clone(), parts[2].clone())
             }
         };
-        let q = q.reshape(&[b, l, s.heads, -1])?;
+        let (q, gate) = if s.output_gate {
+            let parts = split_at_indices(q.reshape(&[b, l, s.heads, -1])?, &[s.head_dim], -1)?;
+            (parts[0].clone(), Some(parts[1].reshape(&[b, l, -1])?))
+        } else {
+            (q.reshape(&[b, l, s.heads, -1])?, None)
+        };
         let k = k.reshape(&[b, l, s.kv_heads, -1])?;
         let v = v.reshape(&[b, l, s.kv_heads, -1])?;
         // 2. Per-head norms, then heads first: [B, H, L, D].
@@ -178,7 +189,10 @@ impl Attention {
         };
         // 5. Merge heads and project out.
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-        self.o.forward(&out)
+        match gate {
+            Some(g) => self.o.forward(&out.multiply(mlx_rs::ops::sigmoid(&g)?)?),
+            None => self.o.forward(&out),
+        }
     }
 
     /// Attention with soft-capped scores, in mlx-lm gemma2's ops.

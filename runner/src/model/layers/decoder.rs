@@ -1,7 +1,8 @@
 //! The pre-norm decoder-only transformer that Llama, Mistral, Qwen2, Qwen3,
-//! Qwen3-MoE and Phi-3 share (`h += attn(norm(h)); h += mlp(norm(h))`, the
-//! MLP dense or a sparse mixture of experts); each of those architecture
-//! files maps its config onto a [`DecoderSpec`]. Families whose
+//! Qwen3-MoE, Qwen3-Next and Phi-3 share (`h += mix(norm(h)); h +=
+//! mlp(norm(h))`, the mixer attention or, on recurrent layers, a gated
+//! delta-net; the MLP dense or a sparse mixture of experts); each of those
+//! architecture files maps its config onto a [`DecoderSpec`]. Families whose
 //! blocks differ (Gemma's four norms per block) have their own model files
 //! over the same blocks.
 use std::path::Path;
@@ -11,6 +12,7 @@ use mlx_rs::error::Exception;
 
 use super::attention::{Attention, AttentionShape};
 use super::embedding::Embedding;
+use super::gated_delta::{DeltaShape, GatedDeltaNet};
 use super::linear::Linear;
 use super::masks::Masks;
 use super::mlp::{Mlp, MlpShape};
@@ -36,6 +38,9 @@ pub struct DecoderSpec {
     pub tie_embeddings: bool,
     /// Sparse layers and their experts (Qwen3-MoE); `None`: all dense.
     pub moe: Option<MoeLayers>,
+    /// The gated delta-net of the layers whose kind is
+    /// [`CacheKind::Recurrent`] (Qwen3-Next).
+    pub delta: Option<DeltaShape>,
 }
 
 /// Which layers are sparse, and the shape of their expert blocks.
@@ -58,7 +63,14 @@ impl DecoderSpec {
             kv_heads: a.kv_heads,
             head_dim: a.head_dim,
             kinds: self.kinds.clone(),
-            kv_widths: None,
+            kv_widths: self.kinds.contains(&CacheKind::Recurrent).then(|| {
+                let width = a.kv_heads * a.head_dim;
+                self.kinds
+                    .iter()
+                    .map(|k| if *k == CacheKind::Recurrent { 0 } else { width })
+                    .collect()
+            }),
+            recurrent_elements: self.delta.map(|d| d.state_elements()),
         }
     }
 }
@@ -85,9 +97,15 @@ impl FeedForward {
     }
 }
 
+/// What mixes a block's tokens: attention, or a recurrence.
+enum Mixer {
+    Attention(Attention),
+    Delta(GatedDeltaNet),
+}
+
 struct Block {
     input_norm: RmsNorm,
-    attention: Attention,
+    attention: Mixer,
     post_norm: RmsNorm,
     mlp: FeedForward,
 }
@@ -127,13 +145,26 @@ impl Decoder {
                     hidden,
                     spec.rms_eps,
                 )?,
-                attention: Attention::load(
-                    w,
-                    quant,
-                    &format!("{p}.self_attn"),
-                    spec.attention,
-                    spec.rope.clone(),
-                )?,
+                attention: match (spec.kinds[i], spec.delta) {
+                    (CacheKind::Recurrent, Some(d)) => Mixer::Delta(GatedDeltaNet::load(
+                        w,
+                        quant,
+                        &format!("{p}.linear_attn"),
+                        d,
+                    )?),
+                    (CacheKind::Recurrent, None) => {
+                        return Err(crate::error::RunnerError::Weights(format!(
+                            "{p}: a recurrent layer without a gated delta-net shape"
+                        )));
+                    }
+                    _ => Mixer::Attention(Attention::load(
+                        w,
+                        quant,
+                        &format!("{p}.self_attn"),
+                        spec.attention,
+                        spec.rope.clone(),
+                    )?),
+                },
                 post_norm: RmsNorm::load(
                     w,
                     &format!("{p}.post_attention_layernorm"),
@@ -193,10 +224,11 @@ impl Decoder {
         let masks = Masks::new(&self.kinds, caches, tokens.dim(1))?;
         // 3. Each block: h += attention(norm(h)); h += mlp(norm(h)).
         for ((block, cache), &kind) in self.blocks.iter().zip(caches.iter_mut()).zip(&self.kinds) {
-            let r =
-                block
-                    .attention
-                    .forward(&block.input_norm.forward(&h)?, cache, masks.of(kind))?;
+            let x = block.input_norm.forward(&h)?;
+            let r = match &block.attention {
+                Mixer::Attention(a) => a.forward(&x, cache, masks.of(kind))?,
+                Mixer::Delta(d) => d.forward(&x, cache, masks.of(kind))?,
+            };
             let h1 = h.add(&r)?;
             let r = block.mlp.forward(&block.post_norm.forward(&h1)?)?;
             h = h1.add(&r)?;
@@ -220,7 +252,10 @@ impl Decoder {
         let mut out = self.embed.parameters();
         for b in &self.blocks {
             out.extend(b.input_norm.parameters());
-            out.extend(b.attention.parameters());
+            out.extend(match &b.attention {
+                Mixer::Attention(a) => a.parameters(),
+                Mixer::Delta(d) => d.parameters(),
+            });
             out.extend(b.post_norm.parameters());
             out.extend(b.mlp.parameters());
         }

@@ -1,7 +1,9 @@
 //! The attention masks of one forward pass: one for the layers that attend
 //! over everything, made from the first such layer's cache, and one for the
 //! sliding-window layers, from the first windowed layer's cache with its
-//! window (as mlx-lm's models make `fa_mask` and `swa_mask`).
+//! window (as mlx-lm's models make `fa_mask` and `swa_mask`), and for
+//! recurrent layers the `[B, n]` mask of a left-padded batch's real tokens
+//! (mlx-lm's `ssm_mask`).
 use mlx_rs::error::Exception;
 
 use crate::cache::{AttentionMask, CacheKind, LayerCache};
@@ -10,6 +12,7 @@ use crate::cache::{AttentionMask, CacheKind, LayerCache};
 pub struct Masks {
     full: AttentionMask,
     window: AttentionMask,
+    recurrent: AttentionMask,
 }
 
 impl Masks {
@@ -27,16 +30,24 @@ impl Masks {
                 kinds.len()
             )));
         }
-        let first = |window: bool| kinds.iter().position(|k| k.window().is_some() == window);
-        let full = match first(false) {
+        let first = |f: fn(&CacheKind) -> bool| kinds.iter().position(f);
+        let full = match first(|k| *k == CacheKind::Full) {
             Some(i) => caches[i].mask(n, None)?,
             None => AttentionMask::None,
         };
-        let window = match first(true) {
+        let window = match first(|k| k.window().is_some()) {
             Some(i) => caches[i].mask(n, kinds[i].window())?,
             None => AttentionMask::None,
         };
-        Ok(Self { full, window })
+        let recurrent = match first(|k| *k == CacheKind::Recurrent) {
+            Some(i) => caches[i].mask(n, None)?,
+            None => AttentionMask::None,
+        };
+        Ok(Self {
+            full,
+            window,
+            recurrent,
+        })
     }
 
     /// The mask of a layer of `kind`.
@@ -44,6 +55,7 @@ impl Masks {
         match kind {
             CacheKind::Full => &self.full,
             CacheKind::Window(_) => &self.window,
+            CacheKind::Recurrent => &self.recurrent,
         }
     }
 }

@@ -2,6 +2,7 @@
 pub mod attention;
 pub mod decoder;
 pub mod embedding;
+pub mod gated_delta;
 pub mod linear;
 pub mod masks;
 pub mod mlp;
