@@ -9,7 +9,7 @@ use serde::Deserialize;
 /// gemma2, phi3), plus bfloat16 variants (qwen3, gemma3, gemma4, gemma2 and
 /// phi3 weights;
 /// llama 4-bit with bfloat16 scales).
-pub const MODELS: [&str; 31] = [
+pub const MODELS: [&str; 36] = [
     "llama-f32",
     "llama-q4",
     "llama-q4-bf16",
@@ -41,19 +41,25 @@ pub const MODELS: [&str; 31] = [
     "qwen3-moe-hf-f32",
     "qwen3-next-f32",
     "qwen3-next-q4",
+    "gpt-oss-f32",
+    "gpt-oss-q4",
+    "gpt-oss-mxfp4",
+    "gpt-oss-mxfp8",
+    "qwen3-moe-nvfp4",
 ];
 
 /// The fixtures whose models have recurrent (linear-attention) layers.
 pub const RECURRENT: [&str; 2] = ["qwen3-next-f32", "qwen3-next-q4"];
 
 /// The fixtures whose models have sliding-window layers.
-pub const WINDOWED: [&str; 6] = [
+pub const WINDOWED: [&str; 7] = [
     "llama-swa-f32",
     "llama-swa-q4",
     "gemma3-f32",
     "gemma3-q4",
     "gemma3-bf16",
     "gemma4-f32",
+    "gpt-oss-f32",
 ];
 
 /// The fixture root: `GROVE_FIXTURES`, else `.grove/fixtures` in the checkout.

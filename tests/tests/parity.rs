@@ -1,6 +1,6 @@
 //! The runner against mlx-lm: on every fixture model (llama, mistral, qwen2,
 //! qwen3, llama with biases and sliding windows, gemma3, gemma4, gemma2, phi3,
-//! qwen3-moe, qwen3-next;
+//! qwen3-moe (also NVFP4), qwen3-next, gpt-oss (also MXFP4 and MXFP8);
 //! float32 and 4-bit; bfloat16 qwen3, gemma3, gemma4, gemma2, phi3 and bfloat16-scaled 4-bit
 //! llama),
 //! greedy decoding must give mlx-lm's tokens exactly,
@@ -318,6 +318,35 @@ fn qwen3_next_f32_matches_mlx_lm() -> Result<()> {
 #[test]
 fn qwen3_next_q4_matches_mlx_lm() -> Result<()> {
     check_model("qwen3-next-q4")
+}
+
+#[test]
+fn gpt_oss_f32_matches_mlx_lm() -> Result<()> {
+    check_model("gpt-oss-f32")
+}
+
+#[test]
+fn gpt_oss_q4_matches_mlx_lm() -> Result<()> {
+    check_model("gpt-oss-q4")
+}
+
+/// Every matrix MXFP4 (4-bit floats, an e8m0 scale per 32), the routers
+/// 8-bit affine.
+#[test]
+fn gpt_oss_mxfp4_matches_mlx_lm() -> Result<()> {
+    check_model("gpt-oss-mxfp4")
+}
+
+/// MXFP8: 8-bit floats, an e8m0 scale per 32.
+#[test]
+fn gpt_oss_mxfp8_matches_mlx_lm() -> Result<()> {
+    check_model("gpt-oss-mxfp8")
+}
+
+/// NVFP4: 4-bit floats, an fp8 scale per 16; experts through gather_qmm.
+#[test]
+fn qwen3_moe_nvfp4_matches_mlx_lm() -> Result<()> {
+    check_model("qwen3-moe-nvfp4")
 }
 
 /// GGUF copies of the float32 fixtures, written as llama.cpp's converter writes

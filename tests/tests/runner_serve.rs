@@ -205,6 +205,21 @@ async fn mixture_of_experts_reports_active_parameters() -> Result<()> {
     // The daemon's budget counts every expert's bytes.
     let memory = status.memory.context("no memory report")?;
     ensure!(memory.weight_bytes >= facts.parameter_count * 4);
+
+    // gpt-oss: 4 layers of 8 experts (3 matrices of 64x128 and their
+    // biases: 128 for gate and up, 64 for down).
+    let dir = fixtures::model_dir("gpt-oss-f32")?;
+    let (_served, mut client) = Served::start(&dir, &[]).await?;
+    let status = client.status(pb::StatusRequest {}).await?.into_inner();
+    let facts = status.model.context("no model facts")?;
+    ensure!(facts.architecture == pb::Architecture::GptOss as i32);
+    let experts = 4 * 8 * (3 * 64 * 128 + 128 + 128 + 64);
+    ensure!(
+        facts.parameter_count - facts.active_parameter_count == experts * 3 / 4,
+        "{} total, {} active",
+        facts.parameter_count,
+        facts.active_parameter_count
+    );
     Ok(())
 }
 

@@ -21,6 +21,8 @@ pub enum Architecture {
     Qwen3Moe,
     /// Qwen3-Next: gated delta-net layers between full attention, experts.
     Qwen3Next,
+    /// gpt-oss: attention sinks, alternating windows, experts with biases.
+    GptOss,
     /// Gemma 3's text model (`Gemma3ForCausalLM`, model_type `gemma3_text`).
     Gemma3Text,
     /// Gemma 3 with vision (`Gemma3ForConditionalGeneration`): its text part.
@@ -50,6 +52,7 @@ impl Architecture {
             Some("Qwen3ForCausalLM") => Some(Self::Qwen3),
             Some("Qwen3MoeForCausalLM") => Some(Self::Qwen3Moe),
             Some("Qwen3NextForCausalLM") => Some(Self::Qwen3Next),
+            Some("GptOssForCausalLM") => Some(Self::GptOss),
             Some("Gemma3ForCausalLM") => Some(Self::Gemma3Text),
             Some("Gemma3ForConditionalGeneration") => Some(Self::Gemma3),
             Some("Gemma2ForCausalLM") => Some(Self::Gemma2),
@@ -64,6 +67,7 @@ impl Architecture {
                 Some("qwen3") => Some(Self::Qwen3),
                 Some("qwen3_moe") => Some(Self::Qwen3Moe),
                 Some("qwen3_next") => Some(Self::Qwen3Next),
+                Some("gpt_oss") => Some(Self::GptOss),
                 Some("gemma3_text") => Some(Self::Gemma3Text),
                 Some("gemma3") => Some(Self::Gemma3),
                 Some("gemma2") => Some(Self::Gemma2),
@@ -78,7 +82,7 @@ impl Architecture {
             message: format!(
                 "unsupported architecture {} (model_type {}); supported: \
                  LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
-                 Qwen3MoeForCausalLM, Qwen3NextForCausalLM, \
+                 Qwen3MoeForCausalLM, Qwen3NextForCausalLM, GptOssForCausalLM, \
                  Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma2ForCausalLM, \
                  Gemma4ForCausalLM, Gemma4ForConditionalGeneration, \
                  Phi3ForCausalLM",
@@ -97,6 +101,7 @@ impl Architecture {
             Self::Qwen3 => "qwen3",
             Self::Qwen3Moe => "qwen3_moe",
             Self::Qwen3Next => "qwen3_next",
+            Self::GptOss => "gpt_oss",
             Self::Gemma3Text => "gemma3_text",
             Self::Gemma3 => "gemma3",
             Self::Gemma2 => "gemma2",
@@ -107,12 +112,36 @@ impl Architecture {
     }
 }
 
-/// MLX's quantization modes. Only affine (scales + biases) is implemented.
+/// MLX's quantization modes: affine (a float scale and bias per group) and
+/// the microscaling float formats (a uint8 scale per group, no biases).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum QuantMode {
     #[default]
     Affine,
+    /// 4-bit floats (e2m1), an e8m0 exponent per 32 (gpt-oss's experts).
+    Mxfp4,
+    /// 4-bit floats, an fp8 (e4m3) scale per 16.
+    Nvfp4,
+    /// 8-bit floats (e4m3), an e8m0 exponent per 32.
+    Mxfp8,
+}
+
+impl QuantMode {
+    /// The name MLX takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Affine => "affine",
+            Self::Mxfp4 => "mxfp4",
+            Self::Nvfp4 => "nvfp4",
+            Self::Mxfp8 => "mxfp8",
+        }
+    }
+
+    /// Whether a group has a bias beside its scale.
+    pub fn has_biases(self) -> bool {
+        self == Self::Affine
+    }
 }
 
 /// How one quantized layer is packed.
@@ -126,17 +155,35 @@ pub struct QuantParams {
 
 impl QuantParams {
     fn check(self, path: &Path, what: &str) -> Result<Self> {
-        let bits_ok = matches!(self.bits, 2 | 3 | 4 | 5 | 6 | 8);
-        let group_ok = matches!(self.group_size, 32 | 64 | 128);
-        if bits_ok && group_ok {
+        let (ok, allowed) = match self.mode {
+            QuantMode::Affine => (
+                matches!(self.bits, 2 | 3 | 4 | 5 | 6 | 8)
+                    && matches!(self.group_size, 32 | 64 | 128),
+                "bits 2,3,4,5,6,8; group 32,64,128",
+            ),
+            QuantMode::Mxfp4 => (
+                self.bits == 4 && self.group_size == 32,
+                "mxfp4: bits 4, group 32",
+            ),
+            QuantMode::Nvfp4 => (
+                self.bits == 4 && self.group_size == 16,
+                "nvfp4: bits 4, group 16",
+            ),
+            QuantMode::Mxfp8 => (
+                self.bits == 8 && self.group_size == 32,
+                "mxfp8: bits 8, group 32",
+            ),
+        };
+        if ok {
             Ok(self)
         } else {
             Err(config_error(
                 path,
                 format!(
-                    "{what}: unsupported quantization bits={} group_size={} \
-                     (bits 2,3,4,5,6,8; group 32,64,128)",
-                    self.bits, self.group_size
+                    "{what}: unsupported quantization bits={} group_size={} mode={} ({allowed})",
+                    self.bits,
+                    self.group_size,
+                    self.mode.name()
                 ),
             ))
         }
@@ -163,6 +210,17 @@ impl Quantization {
         let Some(map) = block.as_object() else {
             return Err(config_error(path, "quantization must be an object".into()));
         };
+        if let Some(method) = map.get("quant_method").and_then(Value::as_str)
+            && !map.contains_key("group_size")
+        {
+            return Err(config_error(
+                path,
+                format!(
+                    "quantization_config with quant_method {method:?} is a transformers \
+                     checkpoint format, not MLX's; convert the model with mlx_lm.convert"
+                ),
+            ));
+        }
         let default: QuantParams = serde_json::from_value(block.clone())
             .map_err(|e| config_error(path, format!("quantization: {e}")))?;
         let default = default.check(path, "quantization")?;
@@ -310,5 +368,49 @@ mod tests {
             &json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}}),
         );
         assert!(mode.is_err());
+    }
+}
+
+#[cfg(test)]
+mod quant_tests {
+    use super::*;
+
+    fn parse(q: Value) -> std::result::Result<Quantization, String> {
+        let raw = serde_json::json!({ "quantization": q });
+        Quantization::from_config(Path::new("config.json"), &raw).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn microscaling_modes_take_their_own_group_and_bits() {
+        let q = parse(
+            serde_json::json!({"group_size": 32, "bits": 4, "mode": "mxfp4",
+            "model.layers.0.mlp.router": {"group_size": 64, "bits": 8}}),
+        )
+        .unwrap();
+        assert_eq!(q.default.map(|p| p.mode), Some(QuantMode::Mxfp4));
+        // A per-layer entry without a mode is affine, as mlx-lm writes it.
+        let router = q.for_layer("model.layers.0.mlp.router").unwrap();
+        assert_eq!((router.mode, router.bits), (QuantMode::Affine, 8));
+        assert!(parse(serde_json::json!({"group_size": 16, "bits": 4, "mode": "nvfp4"})).is_ok());
+        assert!(parse(serde_json::json!({"group_size": 32, "bits": 8, "mode": "mxfp8"})).is_ok());
+        for bad in [
+            serde_json::json!({"group_size": 64, "bits": 4, "mode": "mxfp4"}),
+            serde_json::json!({"group_size": 16, "bits": 8, "mode": "nvfp4"}),
+            serde_json::json!({"group_size": 32, "bits": 4, "mode": "fp3"}),
+        ] {
+            assert!(parse(bad.clone()).is_err(), "{bad} was accepted");
+        }
+    }
+
+    #[test]
+    fn a_transformers_quantization_config_is_refused_by_name() {
+        let raw = serde_json::json!({"quantization_config": {"quant_method": "mxfp4"}});
+        let err = Quantization::from_config(Path::new("config.json"), &raw)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("mlx_lm.convert") && err.contains("mxfp4"),
+            "{err}"
+        );
     }
 }

@@ -13,6 +13,7 @@ pub mod gemma2;
 pub mod gemma3;
 pub mod gemma4;
 pub mod gguf;
+pub mod gpt_oss;
 pub mod layers;
 pub mod llama;
 pub mod mistral;
@@ -227,6 +228,12 @@ pub fn load_parts(
                 decoder_of(spec, &mut weights)?,
                 Some(c.max_position_embeddings),
             )
+        }
+        Architecture::GptOss => {
+            let c: gpt_oss::Config = config::typed(&path, &raw)?;
+            let m = gpt_oss::GptOss::load(&path, &mut weights, q, &c)?;
+            let dims = m.dims().clone();
+            ((Network::GptOss(m), dims), c.max_position_embeddings)
         }
         Architecture::Phi3 => {
             let c: phi3::Config = config::typed(&path, &raw)?;

@@ -7,6 +7,7 @@ use mlx_rs::error::Exception;
 use super::gemma2::Gemma2;
 use super::gemma3::Gemma3;
 use super::gemma4::Gemma4;
+use super::gpt_oss::GptOss;
 use super::layers::decoder::Decoder;
 use crate::cache::{CacheKind, LayerCache};
 
@@ -16,6 +17,7 @@ pub enum Network {
     Gemma3(Gemma3),
     Gemma2(Gemma2),
     Gemma4(Gemma4),
+    GptOss(GptOss),
 }
 
 impl Network {
@@ -31,6 +33,7 @@ impl Network {
             Network::Gemma3(m) => m.forward(tokens, caches),
             Network::Gemma2(m) => m.forward(tokens, caches),
             Network::Gemma4(m) => m.forward(tokens, caches),
+            Network::GptOss(m) => m.forward(tokens, caches),
         }
     }
 
@@ -41,6 +44,7 @@ impl Network {
             Network::Gemma3(m) => m.logits(hidden),
             Network::Gemma2(m) => m.logits(hidden),
             Network::Gemma4(m) => m.logits(hidden),
+            Network::GptOss(m) => m.logits(hidden),
         }
     }
 
@@ -51,6 +55,7 @@ impl Network {
             Network::Gemma3(m) => &m.dims().kinds,
             Network::Gemma2(m) => &m.dims().kinds,
             Network::Gemma4(m) => &m.dims().kinds,
+            Network::GptOss(m) => &m.dims().kinds,
         }
     }
 
@@ -70,6 +75,7 @@ impl Network {
             Network::Gemma3(m) => m.parameters(),
             Network::Gemma2(m) => m.parameters(),
             Network::Gemma4(m) => m.parameters(),
+            Network::GptOss(m) => m.parameters(),
         }
     }
 
@@ -78,6 +84,7 @@ impl Network {
     pub fn expert_parameters(&self) -> Vec<(Vec<&Array>, f64)> {
         match self {
             Network::Decoder(m) => m.expert_parameters(),
+            Network::GptOss(m) => m.expert_parameters(),
             _ => Vec::new(),
         }
     }
@@ -89,6 +96,7 @@ impl Network {
             Network::Gemma3(m) => m.compute_dtype(),
             Network::Gemma2(m) => m.compute_dtype(),
             Network::Gemma4(m) => m.compute_dtype(),
+            Network::GptOss(m) => m.compute_dtype(),
         }
     }
 }

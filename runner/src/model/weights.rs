@@ -7,6 +7,7 @@ use mlx_rs::{Array, Dtype};
 use serde::Deserialize;
 
 use crate::error::{Result, RunnerError};
+use crate::model::config::QuantMode;
 
 /// The tensors of a checkpoint, taken out one by one as layers are built.
 pub struct Weights {
@@ -119,6 +120,32 @@ impl Weights {
             )));
         }
         Ok(array)
+    }
+
+    /// Takes `{prefix}.scales` (and `{prefix}.biases` in affine mode) of a
+    /// packed matrix: float in affine mode, uint8 exponents or fp8 scales in
+    /// the microscaling modes.
+    pub fn take_scales(
+        &mut self,
+        prefix: &str,
+        shape: &[i32],
+        mode: QuantMode,
+    ) -> Result<(Array, Option<Array>)> {
+        let name = format!("{prefix}.scales");
+        if mode.has_biases() {
+            let scales = self.take_float(&name, shape)?;
+            let biases = self.take_float(&format!("{prefix}.biases"), shape)?;
+            return Ok((scales, Some(biases)));
+        }
+        let scales = self.take(&name, shape)?;
+        if scales.dtype() != Dtype::Uint8 {
+            return Err(RunnerError::Weights(format!(
+                "tensor {name} has dtype {:?}; {} scales are uint8",
+                scales.dtype(),
+                mode.name()
+            )));
+        }
+        Ok((scales, None))
     }
 
     /// Drops tensors the runner has no use for (e.g. precomputed rotary tables).

@@ -46,6 +46,9 @@ pub struct AttentionShape {
     pub fused_qkv: bool,
     /// `q_proj` yields `[query, gate]` per head; out = o(attn * sigmoid(gate)).
     pub output_gate: bool,
+    /// A learned sink logit per head that takes part in the softmax
+    /// (`{prefix}.sinks`, gpt-oss).
+    pub sinks: bool,
 }
 
 impl AttentionShape {
@@ -63,6 +66,7 @@ impl AttentionShape {
             softcap: None,
             fused_qkv: false,
             output_gate: false,
+            sinks: false,
         }
     }
 }
@@ -80,6 +84,7 @@ pub struct Attention {
     o: Linear,
     qk_norm: Option<(RmsNorm, RmsNorm)>,
     rope: Rope,
+    sinks: Option<Array>,
 }
 
 impl Attention {
@@ -133,6 +138,11 @@ impl Attention {
             )?,
             qk_norm,
             rope,
+            sinks: if s.sinks {
+                Some(w.take_float(&format!("{prefix}.sinks"), &[s.heads])?)
+            } else {
+                None
+            },
         })
     }
 
@@ -182,9 +192,14 @@ impl Attention {
         let (k, v) = cache.update_and_fetch(&k, &v)?;
         // 4. Attention under the mask (causal within a chunk, padding hidden in a batch).
         let out = match s.softcap {
-            None => {
-                fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.as_sdpa(), None)?
-            }
+            None => fast::scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                self.scale,
+                mask.as_sdpa(),
+                self.sinks.as_ref(),
+            )?,
             Some(cap) => self.capped(&q, &k, &v, mask, cap)?,
         };
         // 5. Merge heads and project out.
@@ -279,6 +294,7 @@ impl Attention {
             out.extend(qn.parameters());
             out.extend(kn.parameters());
         }
+        out.extend(self.sinks.iter());
         out
     }
 }

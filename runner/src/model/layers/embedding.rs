@@ -1,12 +1,11 @@
 //! Token embeddings, dense or quantized, and their use as a tied output head.
-use mlx_rs::Array;
-use mlx_rs::error::Exception;
-use mlx_rs::ops::dequantize;
-
 use super::linear::Packed;
+use super::quant_ops::dequantize;
 use crate::error::Result;
 use crate::model::config::Quantization;
 use crate::model::weights::Weights;
+use mlx_rs::Array;
+use mlx_rs::error::Exception;
 
 /// The `[vocab, hidden]` embedding table.
 pub enum Embedding {
@@ -38,11 +37,14 @@ impl Embedding {
         match self {
             Self::Dense(table) => table.take_axis(ids, 0),
             Self::Quantized(p) => dequantize(
-                p.weight.take_axis(ids, 0)?,
-                p.scales.take_axis(ids, 0)?,
-                &p.biases.take_axis(ids, 0)?,
-                p.params.group_size,
-                p.params.bits,
+                &p.weight.take_axis(ids, 0)?,
+                &p.scales.take_axis(ids, 0)?,
+                p.biases
+                    .as_ref()
+                    .map(|b| b.take_axis(ids, 0))
+                    .transpose()?
+                    .as_ref(),
+                p.params,
             ),
         }
     }

@@ -1,18 +1,21 @@
-//! Linear layers, dense or MLX affine-quantized, computed exactly as mlx's
-//! `nn.Linear` / `nn.QuantizedLinear` do so results match mlx-lm bit for bit.
+//! Linear layers, dense or MLX-quantized (affine or a microscaling float
+//! mode), computed exactly as mlx's `nn.Linear` / `nn.QuantizedLinear` do so
+//! results match mlx-lm bit for bit.
 use mlx_rs::Array;
 use mlx_rs::error::Exception;
-use mlx_rs::ops::{addmm, quantized_matmul};
+use mlx_rs::ops::addmm;
 
+use super::quant_ops::{QuantRef, quantized_matmul};
 use crate::error::Result;
 use crate::model::config::{QuantParams, Quantization};
 use crate::model::weights::Weights;
 
-/// A packed quantized matrix: `weight` (uint32), per-group `scales` and `biases`.
+/// A packed quantized matrix: `weight` (uint32), per-group `scales` (and
+/// `biases`, affine mode only).
 pub struct Packed {
     pub weight: Array,
     pub scales: Array,
-    pub biases: Array,
+    pub biases: Option<Array>,
     pub params: QuantParams,
 }
 
@@ -27,25 +30,28 @@ impl Packed {
     ) -> Result<Self> {
         let packed_cols = cols * params.bits / 32;
         let groups = cols / params.group_size;
+        let (scales, biases) = w.take_scales(prefix, &[rows, groups], params.mode)?;
         Ok(Self {
             weight: w.take_packed(&format!("{prefix}.weight"), &[rows, packed_cols])?,
-            scales: w.take_float(&format!("{prefix}.scales"), &[rows, groups])?,
-            biases: w.take_float(&format!("{prefix}.biases"), &[rows, groups])?,
+            scales,
+            biases,
             params,
         })
     }
 
+    /// The matrix as the kernels take it.
+    pub fn as_ref(&self) -> QuantRef<'_> {
+        QuantRef {
+            weight: &self.weight,
+            scales: &self.scales,
+            biases: self.biases.as_ref(),
+            params: self.params,
+        }
+    }
+
     /// `x @ W.T` against the packed matrix.
     pub fn matmul_t(&self, x: &Array) -> Result<Array, Exception> {
-        quantized_matmul(
-            x,
-            &self.weight,
-            &self.scales,
-            &self.biases,
-            true,
-            self.params.group_size,
-            self.params.bits,
-        )
+        quantized_matmul(x, &self.as_ref())
     }
 }
 
@@ -109,7 +115,9 @@ impl Linear {
 impl Packed {
     /// The arrays this matrix holds.
     pub fn parameters(&self) -> Vec<&Array> {
-        vec![&self.weight, &self.scales, &self.biases]
+        let mut out = vec![&self.weight, &self.scales];
+        out.extend(self.biases.iter());
+        out
     }
 }
 

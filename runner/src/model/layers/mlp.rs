@@ -17,6 +17,10 @@ pub enum Activation {
     Silu,
     /// mlx's `nn.gelu_approx`: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
     GeluApprox,
+    /// gpt-oss's (mlx-lm's `swiglu_oai`, alpha 1.702, limit 7): the gate
+    /// clipped from above, the linear part clipped both ways plus one,
+    /// `(clip(up) + 1) * g * sigmoid(1.702 g)`.
+    SwigluOai,
 }
 
 /// How the block's matrices are stored.
@@ -56,6 +60,15 @@ pub(crate) fn gated(act: Activation, gate: &Array, up: &Array) -> Result<Array, 
     match act {
         Activation::Silu => gate.multiply(sigmoid(gate)?)?.multiply(up),
         Activation::GeluApprox => gelu_approx(gate)?.multiply(up),
+        Activation::SwigluOai => {
+            let d = gate.dtype();
+            let limit = scalar(7.0, d)?;
+            let g = mlx_rs::ops::minimum(gate, &limit)?;
+            let x = mlx_rs::ops::maximum(up, limit.negative()?)?;
+            let x = mlx_rs::ops::minimum(&x, &limit)?;
+            let act = g.multiply(sigmoid(scalar(1.702, d)?.multiply(&g)?)?)?;
+            x.add(scalar(1.0, d)?)?.multiply(act)
+        }
     }
 }
 

@@ -8,6 +8,7 @@ pub mod masks;
 pub mod mlp;
 pub mod moe;
 pub mod norm;
+pub mod quant_ops;
 pub mod rope;
 pub mod sandwich;
 pub mod switch;

@@ -11,7 +11,7 @@ use mlx_rs::ops::{argpartition_axis, sigmoid, softmax_axis};
 
 use super::linear::Linear;
 use super::mlp::{Activation, Mlp, MlpShape};
-use super::switch::SwitchGlu;
+use super::switch::{GluShape, SwitchGlu};
 use crate::error::{Result, RunnerError};
 use crate::model::config::Quantization;
 use crate::model::weights::Weights;
@@ -72,8 +72,13 @@ impl SparseMoe {
             q,
             &format!("{prefix}.switch_mlp"),
             &format!("{prefix}.experts"),
-            &s,
-            Activation::Silu,
+            GluShape {
+                experts: s.experts,
+                hidden: s.hidden,
+                intermediate: s.intermediate,
+                bias: false,
+                activation: Activation::Silu,
+            },
         )?;
         let shared = match s.shared_intermediate {
             Some(i) => Some(Shared {

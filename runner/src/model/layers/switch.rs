@@ -5,44 +5,47 @@
 //! expert first so each expert's rows are read once, and unsorted after.
 use mlx_rs::Array;
 use mlx_rs::error::Exception;
-use mlx_rs::ops::{argsort_axis, gather_mm, gather_qmm, stack, unflatten};
+use mlx_rs::ops::{argsort_axis, gather_mm, stack, unflatten};
 
+use super::linear::Packed;
 use super::mlp::{Activation, gated};
-use super::moe::MoeShape;
+use super::quant_ops::gather_qmm;
 use crate::error::{MlxPhase, Result, RunnerError};
-use crate::model::config::{QuantParams, Quantization};
+use crate::model::config::Quantization;
 use crate::model::weights::Weights;
 
 /// mlx-lm sorts by expert when `indices.size >= 64`.
 const SORT_THRESHOLD: usize = 64;
 
-/// `num_experts` stacked `[out, in]` matrices: `y = x W[e]^T` for each pair.
-pub enum SwitchLinear {
+/// `num_experts` stacked `[out, in]` matrices: `y = x W[e]^T (+ b[e])` for
+/// each pair.
+pub struct SwitchLinear {
+    matrix: Matrix,
+    /// `[E, out]` (gpt-oss).
+    bias: Option<Array>,
+}
+
+enum Matrix {
     Dense {
         /// `[E, in, out]`: stored `[E, out, in]`, transposed once here as
         /// mlx-lm's `weight.swapaxes(-1, -2)` does per call.
         weight_t: Array,
     },
-    Quantized {
-        weight: Array,
-        scales: Array,
-        biases: Array,
-        params: QuantParams,
-    },
+    Quantized(Packed),
 }
 
 impl SwitchLinear {
     /// Loads `{prefix}.weight` (`[E, out, in]`, quantized when
-    /// `{prefix}.scales` is there), or, from a checkpoint in HF's per-expert
-    /// layout, `{experts}.{e}.{name}.weight` for every expert, stacked.
+    /// `{prefix}.scales` is there; `{prefix}.bias` `[E, out]` with `bias`),
+    /// or, from a checkpoint in HF's per-expert layout,
+    /// `{experts}.{e}.{name}.weight` for every expert, stacked.
     pub fn load(
         w: &mut Weights,
         quant: &Quantization,
         prefix: &str,
         per_expert: Option<(&str, &str)>,
-        experts: i32,
-        in_dim: i32,
-        out_dim: i32,
+        (experts, in_dim, out_dim): (i32, i32, i32),
+        bias: bool,
     ) -> Result<Self> {
         if !w.contains(&format!("{prefix}.weight"))
             && let Some((base, name)) = per_expert
@@ -50,11 +53,18 @@ impl SwitchLinear {
         {
             stack_experts(w, prefix, base, name, experts)?;
         }
+        let bias = if bias {
+            Some(w.take_float(&format!("{prefix}.bias"), &[experts, out_dim])?)
+        } else {
+            None
+        };
         let params = quant.for_layer(prefix);
         if !w.contains(&format!("{prefix}.scales")) {
             let weight = w.take_float(&format!("{prefix}.weight"), &[experts, out_dim, in_dim])?;
-            return Ok(Self::Dense {
-                weight_t: weight.swap_axes(-1, -2).phase("loading expert weights")?,
+            let weight_t = weight.swap_axes(-1, -2).phase("loading expert weights")?;
+            return Ok(Self {
+                matrix: Matrix::Dense { weight_t },
+                bias,
             });
         }
         let Some(params) = params else {
@@ -69,53 +79,42 @@ impl SwitchLinear {
             )));
         }
         let groups = in_dim / params.group_size;
-        Ok(Self::Quantized {
-            weight: w.take_packed(
-                &format!("{prefix}.weight"),
-                &[experts, out_dim, in_dim * params.bits / 32],
-            )?,
-            scales: w.take_float(&format!("{prefix}.scales"), &[experts, out_dim, groups])?,
-            biases: w.take_float(&format!("{prefix}.biases"), &[experts, out_dim, groups])?,
-            params,
+        let (scales, biases) = w.take_scales(prefix, &[experts, out_dim, groups], params.mode)?;
+        Ok(Self {
+            matrix: Matrix::Quantized(Packed {
+                weight: w.take_packed(
+                    &format!("{prefix}.weight"),
+                    &[experts, out_dim, in_dim * params.bits / 32],
+                )?,
+                scales,
+                biases,
+                params,
+            }),
+            bias,
         })
     }
 
     /// `x` (`[..., 1, in]`, batch dims broadcast against `indices`) through
     /// the experts `indices` name.
     pub fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array, Exception> {
-        match self {
-            Self::Dense { weight_t } => gather_mm(x, weight_t, None, indices, sorted),
-            Self::Quantized {
-                weight,
-                scales,
-                biases,
-                params,
-            } => gather_qmm(
-                x,
-                weight,
-                scales,
-                biases,
-                None,
-                indices,
-                true,
-                params.group_size,
-                params.bits,
-                sorted,
-            ),
+        let y = match &self.matrix {
+            Matrix::Dense { weight_t } => gather_mm(x, weight_t, None, indices, sorted)?,
+            Matrix::Quantized(p) => gather_qmm(x, &p.as_ref(), indices, sorted)?,
+        };
+        match &self.bias {
+            Some(b) => y.add(b.take_axis(indices, 0)?.expand_dims(-2)?),
+            None => Ok(y),
         }
     }
 
     /// The arrays this layer holds.
     pub fn parameters(&self) -> Vec<&Array> {
-        match self {
-            Self::Dense { weight_t } => vec![weight_t],
-            Self::Quantized {
-                weight,
-                scales,
-                biases,
-                ..
-            } => vec![weight, scales, biases],
-        }
+        let mut out = match &self.matrix {
+            Matrix::Dense { weight_t } => vec![weight_t],
+            Matrix::Quantized(p) => p.parameters(),
+        };
+        out.extend(self.bias.iter());
+        out
     }
 }
 
@@ -148,6 +147,18 @@ fn stack_experts(
     Ok(())
 }
 
+/// The shape of a [`SwitchGlu`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GluShape {
+    pub experts: i32,
+    pub hidden: i32,
+    /// Each expert's intermediate size.
+    pub intermediate: i32,
+    /// Per-expert biases on the three projections (gpt-oss).
+    pub bias: bool,
+    pub activation: Activation,
+}
+
 /// mlx-lm's `SwitchGLU`: `down(act(gate(x)) * up(x))` per picked expert.
 pub struct SwitchGlu {
     gate: SwitchLinear,
@@ -164,8 +175,7 @@ impl SwitchGlu {
         quant: &Quantization,
         prefix: &str,
         experts_prefix: &str,
-        shape: &MoeShape,
-        activation: Activation,
+        shape: GluShape,
     ) -> Result<Self> {
         let (experts, hidden, intermediate) = (shape.experts, shape.hidden, shape.intermediate);
         let mut one = |name: &str, i, o| {
@@ -174,16 +184,15 @@ impl SwitchGlu {
                 quant,
                 &format!("{prefix}.{name}"),
                 Some((experts_prefix, name)),
-                experts,
-                i,
-                o,
+                (experts, i, o),
+                shape.bias,
             )
         };
         Ok(Self {
             gate: one("gate_proj", hidden, intermediate)?,
             up: one("up_proj", hidden, intermediate)?,
             down: one("down_proj", intermediate, hidden)?,
-            activation,
+            activation: shape.activation,
         })
     }
 
