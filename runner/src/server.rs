@@ -182,6 +182,7 @@ fn status(s: &Snapshot) -> pb::StatusResponse {
             Architecture::Qwen3Moe => pb::Architecture::Qwen3Moe,
             Architecture::Qwen3Next => pb::Architecture::Qwen3Next,
             Architecture::GptOss => pb::Architecture::GptOss,
+            Architecture::Qwen3_5 => pb::Architecture::Qwen35,
             Architecture::Gemma3Text => pb::Architecture::Gemma3Text,
             Architecture::Gemma3 => pb::Architecture::Gemma3,
             Architecture::Gemma2 => pb::Architecture::Gemma2,

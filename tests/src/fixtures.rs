@@ -9,7 +9,7 @@ use serde::Deserialize;
 /// gemma2, phi3), plus bfloat16 variants (qwen3, gemma3, gemma4, gemma2 and
 /// phi3 weights;
 /// llama 4-bit with bfloat16 scales).
-pub const MODELS: [&str; 36] = [
+pub const MODELS: [&str; 40] = [
     "llama-f32",
     "llama-q4",
     "llama-q4-bf16",
@@ -46,10 +46,19 @@ pub const MODELS: [&str; 36] = [
     "gpt-oss-mxfp4",
     "gpt-oss-mxfp8",
     "qwen3-moe-nvfp4",
+    "qwen3.5-f32",
+    "qwen3.5-q4",
+    "qwen3.5-moe-f32",
+    "qwen3.5-moe-q4",
 ];
 
 /// The fixtures whose models have recurrent (linear-attention) layers.
-pub const RECURRENT: [&str; 2] = ["qwen3-next-f32", "qwen3-next-q4"];
+pub const RECURRENT: [&str; 4] = [
+    "qwen3-next-f32",
+    "qwen3-next-q4",
+    "qwen3.5-f32",
+    "qwen3.5-moe-q4",
+];
 
 /// The fixtures whose models have sliding-window layers.
 pub const WINDOWED: [&str; 7] = [

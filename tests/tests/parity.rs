@@ -1,6 +1,7 @@
 //! The runner against mlx-lm: on every fixture model (llama, mistral, qwen2,
 //! qwen3, llama with biases and sliding windows, gemma3, gemma4, gemma2, phi3,
-//! qwen3-moe (also NVFP4), qwen3-next, gpt-oss (also MXFP4 and MXFP8);
+//! qwen3-moe (also NVFP4), qwen3-next, gpt-oss (also MXFP4 and MXFP8),
+//! qwen3.5 and qwen3.5-moe;
 //! float32 and 4-bit; bfloat16 qwen3, gemma3, gemma4, gemma2, phi3 and bfloat16-scaled 4-bit
 //! llama),
 //! greedy decoding must give mlx-lm's tokens exactly,
@@ -347,6 +348,27 @@ fn gpt_oss_mxfp8_matches_mlx_lm() -> Result<()> {
 #[test]
 fn qwen3_moe_nvfp4_matches_mlx_lm() -> Result<()> {
     check_model("qwen3-moe-nvfp4")
+}
+
+/// Qwen3.5's text part under its multimodal checkpoint's prefix.
+#[test]
+fn qwen3_5_f32_matches_mlx_lm() -> Result<()> {
+    check_model("qwen3.5-f32")
+}
+
+#[test]
+fn qwen3_5_q4_matches_mlx_lm() -> Result<()> {
+    check_model("qwen3.5-q4")
+}
+
+#[test]
+fn qwen3_5_moe_f32_matches_mlx_lm() -> Result<()> {
+    check_model("qwen3.5-moe-f32")
+}
+
+#[test]
+fn qwen3_5_moe_q4_matches_mlx_lm() -> Result<()> {
+    check_model("qwen3.5-moe-q4")
 }
 
 /// GGUF copies of the float32 fixtures, written as llama.cpp's converter writes

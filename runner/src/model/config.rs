@@ -23,6 +23,8 @@ pub enum Architecture {
     Qwen3Next,
     /// gpt-oss: attention sinks, alternating windows, experts with biases.
     GptOss,
+    /// Qwen3.5/3.6 (dense and MoE): the text part.
+    Qwen3_5,
     /// Gemma 3's text model (`Gemma3ForCausalLM`, model_type `gemma3_text`).
     Gemma3Text,
     /// Gemma 3 with vision (`Gemma3ForConditionalGeneration`): its text part.
@@ -53,6 +55,12 @@ impl Architecture {
             Some("Qwen3MoeForCausalLM") => Some(Self::Qwen3Moe),
             Some("Qwen3NextForCausalLM") => Some(Self::Qwen3Next),
             Some("GptOssForCausalLM") => Some(Self::GptOss),
+            Some(
+                "Qwen3_5ForConditionalGeneration"
+                | "Qwen3_5MoeForConditionalGeneration"
+                | "Qwen3_5ForCausalLM"
+                | "Qwen3_5MoeForCausalLM",
+            ) => Some(Self::Qwen3_5),
             Some("Gemma3ForCausalLM") => Some(Self::Gemma3Text),
             Some("Gemma3ForConditionalGeneration") => Some(Self::Gemma3),
             Some("Gemma2ForCausalLM") => Some(Self::Gemma2),
@@ -68,6 +76,9 @@ impl Architecture {
                 Some("qwen3_moe") => Some(Self::Qwen3Moe),
                 Some("qwen3_next") => Some(Self::Qwen3Next),
                 Some("gpt_oss") => Some(Self::GptOss),
+                Some("qwen3_5" | "qwen3_5_moe" | "qwen3_5_text" | "qwen3_5_moe_text") => {
+                    Some(Self::Qwen3_5)
+                }
                 Some("gemma3_text") => Some(Self::Gemma3Text),
                 Some("gemma3") => Some(Self::Gemma3),
                 Some("gemma2") => Some(Self::Gemma2),
@@ -83,6 +94,7 @@ impl Architecture {
                 "unsupported architecture {} (model_type {}); supported: \
                  LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
                  Qwen3MoeForCausalLM, Qwen3NextForCausalLM, GptOssForCausalLM, \
+                 Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration, \
                  Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma2ForCausalLM, \
                  Gemma4ForCausalLM, Gemma4ForConditionalGeneration, \
                  Phi3ForCausalLM",
@@ -102,6 +114,7 @@ impl Architecture {
             Self::Qwen3Moe => "qwen3_moe",
             Self::Qwen3Next => "qwen3_next",
             Self::GptOss => "gpt_oss",
+            Self::Qwen3_5 => "qwen3_5",
             Self::Gemma3Text => "gemma3_text",
             Self::Gemma3 => "gemma3",
             Self::Gemma2 => "gemma2",

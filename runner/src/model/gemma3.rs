@@ -186,8 +186,9 @@ impl Config {
 }
 
 /// What a multimodal Gemma checkpoint holds besides its text model.
-const SKIPPED: [&str; 6] = [
+const SKIPPED: [&str; 7] = [
     "vision_tower.",
+    "visual.",
     "multi_modal_projector.",
     "audio_tower.",
     "embed_audio.",

@@ -21,6 +21,7 @@ pub mod network;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3_5;
 pub mod qwen3_moe;
 pub mod qwen3_next;
 pub mod safetensors;
@@ -169,7 +170,10 @@ pub fn load_parts(
 ) -> Result<Model> {
     let architecture = Architecture::from_config(path, &raw)?;
     let mut quantization = Quantization::from_config(path, &raw)?;
-    if matches!(architecture, Architecture::Gemma3 | Architecture::Gemma4) {
+    if matches!(
+        architecture,
+        Architecture::Gemma3 | Architecture::Gemma4 | Architecture::Qwen3_5
+    ) {
         gemma3::take_text_part(&mut tensors);
         quantization = quantization.strip_prefix(gemma3::TEXT_PREFIX);
     }
@@ -224,6 +228,15 @@ pub fn load_parts(
             let c: qwen3_next::Config = config::typed(&path, &raw)?;
             let spec = c.spec(&path)?;
             qwen3_next::sanitize(&mut weights)?;
+            (
+                decoder_of(spec, &mut weights)?,
+                Some(c.max_position_embeddings),
+            )
+        }
+        Architecture::Qwen3_5 => {
+            let c = qwen3_5::Config::parse(&path, &raw)?;
+            let spec = c.spec(&path)?;
+            qwen3_5::sanitize(&mut weights)?;
             (
                 decoder_of(spec, &mut weights)?,
                 Some(c.max_position_embeddings),

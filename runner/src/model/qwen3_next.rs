@@ -64,6 +64,11 @@ fn four() -> i32 {
 impl Config {
     /// The decoder this config describes.
     pub fn spec(&self, path: &Path) -> Result<DecoderSpec> {
+        self.hybrid_spec(path, false)
+    }
+
+    /// Shared with Qwen3.5, whose delta-nets have four input projections.
+    pub(super) fn hybrid_spec(&self, path: &Path, split_projections: bool) -> Result<DecoderSpec> {
         for (name, v) in [
             ("full_attention_interval", self.full_attention_interval),
             ("decoder_sparse_step", self.decoder_sparse_step),
@@ -103,6 +108,7 @@ impl Config {
             value_dim: self.linear_value_head_dim,
             conv_kernel: self.linear_conv_kernel_dim,
             eps: self.rms_norm_eps,
+            split_projections,
         };
         delta.check().map_err(|m| config_error(path, m))?;
         let shape = MoeShape {

@@ -54,6 +54,21 @@ impl Weights {
         self.tensors.contains_key(name)
     }
 
+    /// Whether any tensor satisfies `pred` (of its name and array).
+    pub fn any_array(&self, pred: impl Fn(&str, &Array) -> bool) -> bool {
+        self.tensors.iter().any(|(k, a)| pred(k, a))
+    }
+
+    /// The names that satisfy `pred`.
+    pub fn names(&self, pred: impl Fn(&str) -> bool) -> Vec<String> {
+        self.tensors.keys().filter(|k| pred(k)).cloned().collect()
+    }
+
+    /// Takes a tensor out as it is, if it exists.
+    pub fn pop(&mut self, name: &str) -> Option<Array> {
+        self.tensors.remove(name)
+    }
+
     /// Whether any tensor's name satisfies `pred`.
     pub fn any(&self, pred: impl Fn(&str) -> bool) -> bool {
         self.tensors.keys().any(|k| pred(k))

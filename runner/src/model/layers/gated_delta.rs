@@ -36,6 +36,9 @@ pub struct DeltaShape {
     pub value_dim: i32,
     pub conv_kernel: i32,
     pub eps: f32,
+    /// Qwen3.5's four input projections (`in_proj_qkv`, `_z`, `_b`, `_a`)
+    /// instead of Qwen3-Next's two grouped per key head.
+    pub split_projections: bool,
 }
 
 impl DeltaShape {
@@ -80,11 +83,23 @@ impl DeltaShape {
     }
 }
 
+/// The input projections.
+enum InProj {
+    /// Qwen3-Next: q, k, v, z and b, a grouped per key head.
+    Grouped { qkvz: Linear, ba: Linear },
+    /// Qwen3.5: q k v in order, and z, b, a apart.
+    Split {
+        qkv: Linear,
+        z: Linear,
+        b: Linear,
+        a: Linear,
+    },
+}
+
 /// One loaded gated delta-net.
 pub struct GatedDeltaNet {
     shape: DeltaShape,
-    in_qkvz: Linear,
-    in_ba: Linear,
+    in_proj: InProj,
     /// `[channels, kernel, 1]` (depthwise).
     conv: Array,
     dt_bias: Array,
@@ -107,15 +122,26 @@ impl GatedDeltaNet {
         let channels = s.conv_channels();
         let p = |n: &str| format!("{prefix}.{n}");
         Ok(Self {
-            in_qkvz: Linear::load(
-                w,
-                q,
-                &p("in_proj_qkvz"),
-                s.hidden,
-                2 * key_all + 2 * value_all,
-                false,
-            )?,
-            in_ba: Linear::load(w, q, &p("in_proj_ba"), s.hidden, 2 * s.value_heads, false)?,
+            in_proj: if s.split_projections {
+                InProj::Split {
+                    qkv: Linear::load(w, q, &p("in_proj_qkv"), s.hidden, channels, false)?,
+                    z: Linear::load(w, q, &p("in_proj_z"), s.hidden, value_all, false)?,
+                    b: Linear::load(w, q, &p("in_proj_b"), s.hidden, s.value_heads, false)?,
+                    a: Linear::load(w, q, &p("in_proj_a"), s.hidden, s.value_heads, false)?,
+                }
+            } else {
+                InProj::Grouped {
+                    qkvz: Linear::load(
+                        w,
+                        q,
+                        &p("in_proj_qkvz"),
+                        s.hidden,
+                        2 * key_all + 2 * value_all,
+                        false,
+                    )?,
+                    ba: Linear::load(w, q, &p("in_proj_ba"), s.hidden, 2 * s.value_heads, false)?,
+                }
+            },
             conv: w.take_float(&p("conv1d.weight"), &[channels, s.conv_kernel, 1])?,
             dt_bias: w.take_float(&p("dt_bias"), &[s.value_heads])?,
             a_log: w.take_float(&p("A_log"), &[s.value_heads])?,
@@ -144,19 +170,46 @@ impl GatedDeltaNet {
         let state = cache
             .recurrent()
             .ok_or_else(|| Exception::custom("a gated delta-net needs a recurrent cache"))?;
-        // 1. Project, and split per key head into q, k, v, z and b, a
-        //    (mlx-lm's fix_query_key_value_ordering).
+        // 1. Project: q k v (the convolution's input), the gate z, and b, a
+        //    (Qwen3-Next's grouped per key head: mlx-lm's
+        //    fix_query_key_value_ordering).
         let (nk, dk, nv, dv) = (s.key_heads, s.key_dim, s.value_heads, s.value_dim);
-        let per = nv / nk;
-        let qkvz = self.in_qkvz.forward(x)?.reshape(&[b, len, nk, -1])?;
-        let parts = split_at_indices(&qkvz, &[dk, 2 * dk, 2 * dk + per * dv], -1)?;
-        let (q, k) = (&parts[0], &parts[1]);
-        let v = parts[2].reshape(&[b, len, -1, dv])?;
-        let z = parts[3].reshape(&[b, len, -1, dv])?;
-        let ba = self.in_ba.forward(x)?.reshape(&[b, len, nk, -1])?;
-        let ba = split_at_indices(&ba, &[per], -1)?;
-        let beta_in = ba[0].reshape(&[b, len, nv])?;
-        let a = ba[1].reshape(&[b, len, nv])?;
+        let (mut mixed, z, beta_in, a) = match &self.in_proj {
+            InProj::Grouped { qkvz, ba } => {
+                let per = nv / nk;
+                let qkvz = qkvz.forward(x)?.reshape(&[b, len, nk, -1])?;
+                let parts = split_at_indices(&qkvz, &[dk, 2 * dk, 2 * dk + per * dv], -1)?;
+                let v = parts[2].reshape(&[b, len, -1, dv])?;
+                let z = parts[3].reshape(&[b, len, -1, dv])?;
+                let ba = ba.forward(x)?.reshape(&[b, len, nk, -1])?;
+                let ba = split_at_indices(&ba, &[per], -1)?;
+                let mixed = concatenate(
+                    &[
+                        parts[0].reshape(&[b, len, -1])?,
+                        parts[1].reshape(&[b, len, -1])?,
+                        v.reshape(&[b, len, -1])?,
+                    ],
+                    -1,
+                )?;
+                (
+                    mixed,
+                    z,
+                    ba[0].reshape(&[b, len, nv])?,
+                    ba[1].reshape(&[b, len, nv])?,
+                )
+            }
+            InProj::Split {
+                qkv,
+                z,
+                b: proj_b,
+                a: proj_a,
+            } => (
+                qkv.forward(x)?,
+                z.forward(x)?.reshape(&[b, len, nv, dv])?,
+                proj_b.forward(x)?,
+                proj_a.forward(x)?,
+            ),
+        };
         // 2. The causal convolution over [kept inputs, q k v], pad slots zeroed.
         let (conv_state, rec_state) = state.state();
         let conv_state = match conv_state {
@@ -164,14 +217,6 @@ impl GatedDeltaNet {
             None => zeros_dtype(&[b, s.conv_kernel - 1, s.conv_channels()], dtype)?,
         };
         let rec_state = rec_state.cloned();
-        let mut mixed = concatenate(
-            &[
-                q.reshape(&[b, len, -1])?,
-                k.reshape(&[b, len, -1])?,
-                v.reshape(&[b, len, -1])?,
-            ],
-            -1,
-        )?;
         if let Some(m) = &mask {
             mixed = select(&m.expand_dims(-1)?, &mixed, scalar(0.0, dtype)?)?;
         }
@@ -217,8 +262,16 @@ impl GatedDeltaNet {
 
     /// The arrays this layer holds.
     pub fn parameters(&self) -> Vec<&Array> {
-        let mut out = self.in_qkvz.parameters();
-        out.extend(self.in_ba.parameters());
+        let mut out = match &self.in_proj {
+            InProj::Grouped { qkvz, ba } => [qkvz, ba]
+                .into_iter()
+                .flat_map(Linear::parameters)
+                .collect::<Vec<_>>(),
+            InProj::Split { qkv, z, b, a } => [qkv, z, b, a]
+                .into_iter()
+                .flat_map(Linear::parameters)
+                .collect(),
+        };
         out.extend([&self.conv, &self.dt_bias, &self.a_log, &self.norm]);
         out.extend(self.out.parameters());
         out

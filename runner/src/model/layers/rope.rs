@@ -61,7 +61,9 @@ impl Scaling {
                 })
         };
         match name {
-            "default" => Ok(Self::None),
+            // mlx-lm rotates text positions plainly under Qwen's
+            // multimodal rope (its sections matter for image positions only).
+            "default" | "mrope" => Ok(Self::None),
             "linear" => Ok(Self::Linear { factor: factor()? }),
             "llama3" => {
                 let (low, high) = (
