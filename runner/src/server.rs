@@ -63,15 +63,28 @@ pub async fn run(
     })?;
     let (engine, thread) = Engine::spawn(config.engine.clone()).map_err(ServeError::Engine)?;
     let stop = Arc::new(Notify::new());
+    let (queued_tx, prewarm_queued) = tokio::sync::watch::channel(config.prewarm.is_none());
     let service = Service {
         engine,
         sandbox: config.sandbox.clone(),
         stop: stop.clone(),
+        prewarm_queued,
     };
     if let Some(chat) = config.prewarm.clone() {
         let (engine, sandbox) = (service.engine.clone(), service.sandbox.clone());
         tokio::spawn(async move {
-            match prewarm(&engine, &sandbox, &chat).await {
+            let result = async {
+                let ids = prewarm_ids(&engine, &sandbox, &chat).await?;
+                let rx = engine.queue_prewarm(ids).map_err(submit_status);
+                // Queued (or failed): generations may go now.
+                let _ = queued_tx.send(true);
+                rx?.await
+                    .map_err(|_| submit_status(crate::engine::SubmitError::Stopped))?
+                    .map_err(runner_status)
+            }
+            .await;
+            let _ = queued_tx.send(true);
+            match result {
                 Ok(p) => eprintln!(
                     "grove-runner: prewarmed {} tokens in {:?}",
                     p.cached_tokens, p.prompt_eval
@@ -126,6 +139,9 @@ struct Service {
     engine: Engine,
     sandbox: Sandbox,
     stop: Arc<Notify>,
+    /// True once the startup prewarm (if any) is queued or has failed:
+    /// generations wait for it, so the prewarm is ahead of them.
+    prewarm_queued: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Renders a system prompt's conversation prefix and prefills it.
@@ -134,14 +150,23 @@ async fn prewarm(
     sandbox: &Sandbox,
     chat: &ChatRequest,
 ) -> Result<crate::engine::Prewarmed, Status> {
-    let parts = engine.chat_parts().await.map_err(runner_status)?;
-    let ids = chat::conversation_prefix(sandbox, &parts, chat)
-        .await
-        .map_err(runner_status)?;
+    let ids = prewarm_ids(engine, sandbox, chat).await?;
     engine
         .prewarm(ids)
         .await
         .map_err(submit_status)?
+        .map_err(runner_status)
+}
+
+/// The ids of a system prompt (and tools) as a conversation begins with them.
+async fn prewarm_ids(
+    engine: &Engine,
+    sandbox: &Sandbox,
+    chat: &ChatRequest,
+) -> Result<Vec<u32>, Status> {
+    let parts = engine.chat_parts().await.map_err(runner_status)?;
+    chat::conversation_prefix(sandbox, &parts, chat)
+        .await
         .map_err(runner_status)
 }
 
@@ -306,6 +331,9 @@ impl Runner for Service {
                     .map_err(runner_status)?
             }
         };
+        // A startup prewarm goes first (it is queued within moments of loading).
+        let mut queued = self.prewarm_queued.clone();
+        let _ = queued.wait_for(|q| *q).await;
         let mut events = self.engine.generate(job).map_err(submit_status)?;
         // Errors before the stream starts are statuses; after, they end the stream.
         match events.recv().await {

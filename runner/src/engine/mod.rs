@@ -329,6 +329,17 @@ impl Engine {
         &self,
         prompt: Vec<u32>,
     ) -> std::result::Result<Result<Prewarmed>, SubmitError> {
+        self.queue_prewarm(prompt)?
+            .await
+            .map_err(|_| SubmitError::Stopped)
+    }
+
+    /// Queues a prewarm (ahead of anything submitted after this returns);
+    /// its result comes on the receiver.
+    pub fn queue_prewarm(
+        &self,
+        prompt: Vec<u32>,
+    ) -> std::result::Result<oneshot::Receiver<Result<Prewarmed>>, SubmitError> {
         let (reply, rx) = oneshot::channel();
         let slot = self.slot()?;
         self.submit(Request::Prewarm {
@@ -336,7 +347,7 @@ impl Engine {
             reply,
             slot,
         })?;
-        rx.await.map_err(|_| SubmitError::Stopped)
+        Ok(rx)
     }
 }
 
