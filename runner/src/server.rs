@@ -208,6 +208,7 @@ fn status(s: &Snapshot) -> pb::StatusResponse {
             Architecture::Qwen3Next => pb::Architecture::Qwen3Next,
             Architecture::GptOss => pb::Architecture::GptOss,
             Architecture::Qwen3_5 => pb::Architecture::Qwen35,
+            Architecture::Glm4MoeLite => pb::Architecture::Glm4MoeLite,
             Architecture::Gemma3Text => pb::Architecture::Gemma3Text,
             Architecture::Gemma3 => pb::Architecture::Gemma3,
             Architecture::Gemma2 => pb::Architecture::Gemma2,

@@ -305,6 +305,16 @@ fn batched_logits_match_each_sequence_alone_qwen3_next() {
 }
 
 #[test]
+fn batched_logits_match_each_sequence_alone_glm4_moe_lite() {
+    check("glm4-moe-lite-f32", 40);
+}
+
+#[test]
+fn group_prefill_matches_each_prompt_alone_glm4_moe_lite() {
+    check_group("glm4-moe-lite-f32");
+}
+
+#[test]
 fn group_prefill_matches_each_prompt_alone_qwen3_next() {
     check_group("qwen3-next-f32");
 }

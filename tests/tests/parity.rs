@@ -1,7 +1,7 @@
 //! The runner against mlx-lm: on every fixture model (llama, mistral, qwen2,
 //! qwen3, llama with biases and sliding windows, gemma3, gemma4, gemma2, phi3,
 //! qwen3-moe (also NVFP4), qwen3-next, gpt-oss (also MXFP4 and MXFP8),
-//! qwen3.5 and qwen3.5-moe;
+//! qwen3.5, qwen3.5-moe and glm4-moe-lite;
 //! float32 and 4-bit; bfloat16 qwen3, gemma3, gemma4, gemma2, phi3 and bfloat16-scaled 4-bit
 //! llama),
 //! greedy decoding must give mlx-lm's tokens exactly,
@@ -369,6 +369,18 @@ fn qwen3_5_moe_f32_matches_mlx_lm() -> Result<()> {
 #[test]
 fn qwen3_5_moe_q4_matches_mlx_lm() -> Result<()> {
     check_model("qwen3.5-moe-q4")
+}
+
+/// Latent attention (decode in latent space, prefill in head space) and
+/// sigmoid-routed experts.
+#[test]
+fn glm4_moe_lite_f32_matches_mlx_lm() -> Result<()> {
+    check_model("glm4-moe-lite-f32")
+}
+
+#[test]
+fn glm4_moe_lite_q4_matches_mlx_lm() -> Result<()> {
+    check_model("glm4-moe-lite-q4")
 }
 
 /// GGUF copies of the float32 fixtures, written as llama.cpp's converter writes

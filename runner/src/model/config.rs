@@ -25,6 +25,8 @@ pub enum Architecture {
     GptOss,
     /// Qwen3.5/3.6 (dense and MoE): the text part.
     Qwen3_5,
+    /// GLM-4.7-Flash: latent attention, sigmoid-routed experts.
+    Glm4MoeLite,
     /// Gemma 3's text model (`Gemma3ForCausalLM`, model_type `gemma3_text`).
     Gemma3Text,
     /// Gemma 3 with vision (`Gemma3ForConditionalGeneration`): its text part.
@@ -55,6 +57,7 @@ impl Architecture {
             Some("Qwen3MoeForCausalLM") => Some(Self::Qwen3Moe),
             Some("Qwen3NextForCausalLM") => Some(Self::Qwen3Next),
             Some("GptOssForCausalLM") => Some(Self::GptOss),
+            Some("Glm4MoeLiteForCausalLM") => Some(Self::Glm4MoeLite),
             Some(
                 "Qwen3_5ForConditionalGeneration"
                 | "Qwen3_5MoeForConditionalGeneration"
@@ -76,6 +79,7 @@ impl Architecture {
                 Some("qwen3_moe") => Some(Self::Qwen3Moe),
                 Some("qwen3_next") => Some(Self::Qwen3Next),
                 Some("gpt_oss") => Some(Self::GptOss),
+                Some("glm4_moe_lite") => Some(Self::Glm4MoeLite),
                 Some("qwen3_5" | "qwen3_5_moe" | "qwen3_5_text" | "qwen3_5_moe_text") => {
                     Some(Self::Qwen3_5)
                 }
@@ -95,6 +99,7 @@ impl Architecture {
                  LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
                  Qwen3MoeForCausalLM, Qwen3NextForCausalLM, GptOssForCausalLM, \
                  Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration, \
+                 Glm4MoeLiteForCausalLM, \
                  Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma2ForCausalLM, \
                  Gemma4ForCausalLM, Gemma4ForConditionalGeneration, \
                  Phi3ForCausalLM",
@@ -115,6 +120,7 @@ impl Architecture {
             Self::Qwen3Next => "qwen3_next",
             Self::GptOss => "gpt_oss",
             Self::Qwen3_5 => "qwen3_5",
+            Self::Glm4MoeLite => "glm4_moe_lite",
             Self::Gemma3Text => "gemma3_text",
             Self::Gemma3 => "gemma3",
             Self::Gemma2 => "gemma2",

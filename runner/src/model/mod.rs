@@ -13,6 +13,7 @@ pub mod gemma2;
 pub mod gemma3;
 pub mod gemma4;
 pub mod gguf;
+pub mod glm4_moe_lite;
 pub mod gpt_oss;
 pub mod layers;
 pub mod llama;
@@ -239,6 +240,15 @@ pub fn load_parts(
             qwen3_5::sanitize(&mut weights)?;
             (
                 decoder_of(spec, &mut weights)?,
+                Some(c.max_position_embeddings),
+            )
+        }
+        Architecture::Glm4MoeLite => {
+            let c: glm4_moe_lite::Config = config::typed(&path, &raw)?;
+            let m = glm4_moe_lite::Glm4MoeLite::load(&path, &mut weights, q, &c)?;
+            let dims = m.dims().clone();
+            (
+                (Network::Glm4MoeLite(m), dims),
                 Some(c.max_position_embeddings),
             )
         }

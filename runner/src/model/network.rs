@@ -7,6 +7,7 @@ use mlx_rs::error::Exception;
 use super::gemma2::Gemma2;
 use super::gemma3::Gemma3;
 use super::gemma4::Gemma4;
+use super::glm4_moe_lite::Glm4MoeLite;
 use super::gpt_oss::GptOss;
 use super::layers::decoder::Decoder;
 use crate::cache::{CacheKind, LayerCache};
@@ -18,6 +19,7 @@ pub enum Network {
     Gemma2(Gemma2),
     Gemma4(Gemma4),
     GptOss(GptOss),
+    Glm4MoeLite(Glm4MoeLite),
 }
 
 impl Network {
@@ -34,6 +36,7 @@ impl Network {
             Network::Gemma2(m) => m.forward(tokens, caches),
             Network::Gemma4(m) => m.forward(tokens, caches),
             Network::GptOss(m) => m.forward(tokens, caches),
+            Network::Glm4MoeLite(m) => m.forward(tokens, caches),
         }
     }
 
@@ -45,6 +48,7 @@ impl Network {
             Network::Gemma2(m) => m.logits(hidden),
             Network::Gemma4(m) => m.logits(hidden),
             Network::GptOss(m) => m.logits(hidden),
+            Network::Glm4MoeLite(m) => m.logits(hidden),
         }
     }
 
@@ -56,6 +60,7 @@ impl Network {
             Network::Gemma2(m) => &m.dims().kinds,
             Network::Gemma4(m) => &m.dims().kinds,
             Network::GptOss(m) => &m.dims().kinds,
+            Network::Glm4MoeLite(m) => &m.dims().kinds,
         }
     }
 
@@ -76,6 +81,7 @@ impl Network {
             Network::Gemma2(m) => m.parameters(),
             Network::Gemma4(m) => m.parameters(),
             Network::GptOss(m) => m.parameters(),
+            Network::Glm4MoeLite(m) => m.parameters(),
         }
     }
 
@@ -85,6 +91,7 @@ impl Network {
         match self {
             Network::Decoder(m) => m.expert_parameters(),
             Network::GptOss(m) => m.expert_parameters(),
+            Network::Glm4MoeLite(m) => m.expert_parameters(),
             _ => Vec::new(),
         }
     }
@@ -97,6 +104,7 @@ impl Network {
             Network::Gemma2(m) => m.compute_dtype(),
             Network::Gemma4(m) => m.compute_dtype(),
             Network::GptOss(m) => m.compute_dtype(),
+            Network::Glm4MoeLite(m) => m.compute_dtype(),
         }
     }
 }

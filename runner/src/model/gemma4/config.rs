@@ -215,6 +215,7 @@ impl Config {
                     low_freq_factor: None,
                     high_freq_factor: None,
                     original_max_position_embeddings: None,
+                    mscale_all_dim: None,
                 };
                 Rope::new(path, dims, base, traditional, Some(&scaling))
             }

@@ -5,6 +5,7 @@ pub mod embedding;
 pub mod gated_delta;
 pub mod linear;
 pub mod masks;
+pub mod mla;
 pub mod mlp;
 pub mod moe;
 pub mod norm;

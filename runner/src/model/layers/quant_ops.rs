@@ -58,13 +58,18 @@ fn null_array() -> mlx_sys::mlx_array {
 
 /// `x @ W^T` against a packed matrix.
 pub fn quantized_matmul(x: &Array, q: &QuantRef) -> Result<Array, Exception> {
+    quantized_matmul_with(x, q, true)
+}
+
+/// `x @ W^T` (`transpose`) or `x @ W` against a packed matrix.
+pub fn quantized_matmul_with(x: &Array, q: &QuantRef, transpose: bool) -> Result<Array, Exception> {
     if q.params.mode == QuantMode::Affine {
         return mlx_rs::ops::quantized_matmul(
             x,
             q.weight,
             q.scales,
             q.biases,
-            true,
+            transpose,
             q.params.group_size,
             q.params.bits,
         );
@@ -78,7 +83,7 @@ pub fn quantized_matmul(x: &Array, q: &QuantRef) -> Result<Array, Exception> {
             q.weight.as_ptr(),
             q.scales.as_ptr(),
             q.biases.map_or(empty, Array::as_ptr),
-            true,
+            transpose,
             opt(q.params.group_size),
             opt(q.params.bits),
             mode.as_ptr(),

@@ -26,6 +26,9 @@ pub struct RopeScalingConfig {
     pub high_freq_factor: Option<f64>,
     #[serde(default)]
     pub original_max_position_embeddings: Option<f64>,
+    /// DeepSeek/GLM's attention-scale correction under yarn.
+    #[serde(default)]
+    pub mscale_all_dim: Option<f64>,
 }
 
 /// The scaling variants the runner implements.
