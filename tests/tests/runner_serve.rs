@@ -627,6 +627,57 @@ async fn prewarmed_system_prompt() -> Result<()> {
     Ok(())
 }
 
+/// A prewarmed system prompt stays warm across conversations: after an
+/// unrelated chat replaced the entry, a conversation that begins with the
+/// system prompt still reuses it, on a model whose recurrent layers cannot
+/// go back as on an attention-only one.
+#[tokio::test]
+async fn prewarmed_system_prompt_outlives_other_conversations() -> Result<()> {
+    let system = "You are a terse assistant who answers in one line.";
+    for model in ["qwen3-next-f32", "qwen2-f32"] {
+        let dir = fixtures::model_dir(model)?;
+        let (_served, mut client) = Served::start(&dir, &["--prewarm-system", system]).await?;
+        let warm = client
+            .prewarm(pb::PrewarmRequest {
+                system: system.into(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner()
+            .cached_tokens;
+        ensure!(warm > 5, "{model}: the prewarm holds {warm} tokens");
+        let ask = |user: &str| {
+            chat_request(
+                vec![
+                    message(pb::Role::System, system),
+                    message(pb::Role::User, user),
+                ],
+                &[],
+                6,
+            )
+        };
+        let first = complete(&mut client, ask("Tell me about the quick brown fox.")).await?;
+        ensure!(
+            first.metrics().cached_prompt_tokens as u64 == warm as u64,
+            "{model}: the first chat reused {} of the prewarm's {warm}",
+            first.metrics().cached_prompt_tokens
+        );
+        // Another conversation, without the system prompt, takes the entry.
+        let other = vec![message(
+            pb::Role::User,
+            "Something else entirely, at length.",
+        )];
+        complete(&mut client, chat_request(other, &[], 6)).await?;
+        let again = complete(&mut client, ask("And the lazy dog?")).await?;
+        ensure!(
+            again.metrics().cached_prompt_tokens as u64 >= warm as u64,
+            "{model}: after another conversation, reused {} of the prewarm's {warm}",
+            again.metrics().cached_prompt_tokens
+        );
+    }
+    Ok(())
+}
+
 /// A copy of the qwen3-q4 fixture whose chat template is a realistic Qwen3 one
 /// (it renders tools into the system turn).
 fn qwen3_with_tool_template(into: &std::path::Path) -> Result<std::path::PathBuf> {

@@ -51,7 +51,7 @@ impl Worker {
             let fits = |s: &State, entry: usize| {
                 Self::footprint(s, reserve, l.context) + entry <= l.capacity
             };
-            if !fits(s, l.cache.len()) {
+            if !fits(s, l.cache.footprint()) {
                 if !fits(s, 0) && s.active() > 0 {
                     return; // Waits for room.
                 }
@@ -62,7 +62,7 @@ impl Worker {
             let Some(request) = s.waiting.pop_front() else {
                 return;
             };
-            if !fits(s, l.cache.len()) {
+            if !fits(s, l.cache.footprint()) {
                 refuse(request, || {
                     RunnerError::Request(format!(
                         "the request needs {reserve} tokens of KV cache; the runner holds {}",

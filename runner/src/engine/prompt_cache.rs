@@ -14,6 +14,11 @@
 //! back at all: a prefix shorter than the entry is reused only through the
 //! checkpoint), no full layer (those trim back), and it is counted in the
 //! entry's bytes and its capacity in tokens.
+//!
+//! A prewarmed system prompt is kept beside the entry (its tokens and all
+//! its layers, sharing buffers with the entry until they diverge), so a
+//! conversation that begins with it hits even after other conversations
+//! replaced the entry, and even on a model whose layers cannot go back.
 use mlx_rs::Array;
 use mlx_rs::error::Exception;
 
@@ -98,6 +103,8 @@ pub struct PromptCache {
     tokens: Vec<u32>,
     layers: Vec<LayerKv>,
     checkpoint: Option<Checkpoint>,
+    /// The last prewarmed system prompt: its tokens and layers.
+    prewarm: Option<(Vec<u32>, Vec<LayerKv>)>,
 }
 
 impl PromptCache {
@@ -108,6 +115,24 @@ impl PromptCache {
             tokens: Vec::new(),
             layers: LayerKv::fresh(kinds),
             checkpoint: None,
+            prewarm: None,
+        }
+    }
+
+    /// Keeps a prewarmed system prompt's layers (`tokens` of them) for
+    /// every later conversation that begins with it.
+    pub fn set_prewarm(&mut self, tokens: Vec<u32>, layers: Vec<LayerKv>) {
+        self.prewarm = (!tokens.is_empty()).then_some((tokens, layers));
+    }
+
+    /// Tokens the prewarmed system prompt gives `prompt` (0 unless the
+    /// prompt begins with it and goes on past it).
+    fn prewarm_reuse(&self, prompt: &[u32]) -> usize {
+        match &self.prewarm {
+            Some((tokens, _)) if tokens.len() < prompt.len() && prompt.starts_with(tokens) => {
+                tokens.len()
+            }
+            _ => 0,
         }
     }
 
@@ -116,15 +141,26 @@ impl PromptCache {
         self.tokens.len()
     }
 
+    /// Tokens held, the prewarmed prompt's included: what the KV budget
+    /// counts.
+    pub fn footprint(&self) -> usize {
+        self.tokens.len() + self.prewarm.as_ref().map_or(0, |(t, _)| t.len())
+    }
+
     /// True when nothing is held.
     pub fn is_empty(&self) -> bool {
         self.tokens.is_empty()
     }
 
-    /// Bytes of the layers' buffers and of the checkpoint.
+    /// Bytes of the layers' buffers, the checkpoint and the prewarmed
+    /// prompt (counted apart even while it shares the entry's buffers).
     pub fn nbytes(&self) -> usize {
         self.layers.iter().map(LayerKv::nbytes).sum::<usize>()
             + self.checkpoint.as_ref().map_or(0, Checkpoint::nbytes)
+            + self
+                .prewarm
+                .as_ref()
+                .map_or(0, |(_, l)| l.iter().map(LayerKv::nbytes).sum())
     }
 
     /// Bytes of the checkpoint alone.
@@ -185,6 +221,16 @@ impl PromptCache {
     /// cannot go back to the common prefix, the checkpoint is used if it
     /// lies within it. Returns the tokens reused and the caches.
     pub fn share_prefix(&self, prompt: &[u32]) -> (usize, Vec<LayerKv>) {
+        let (n, caches) = self.share_entry(prompt);
+        let warm = self.prewarm_reuse(prompt);
+        match &self.prewarm {
+            Some((_, layers)) if warm > n => (warm, layers.clone()),
+            _ => (n, caches),
+        }
+    }
+
+    /// [`PromptCache::share_prefix`] from the entry alone.
+    fn share_entry(&self, prompt: &[u32]) -> (usize, Vec<LayerKv>) {
         let common = self.common(prompt);
         if common > 0 {
             if let Some(caches) = self.rewound(common) {
@@ -211,7 +257,17 @@ impl PromptCache {
     /// in place): keeps what [`PromptCache::share_prefix`] would share, drops
     /// the rest, and returns how many tokens are reused.
     pub fn reuse_for(&mut self, prompt: &[u32]) -> usize {
-        let (keep, caches) = self.share_prefix(prompt);
+        let (keep, caches) = self.share_entry(prompt);
+        let warm = self.prewarm_reuse(prompt);
+        if warm > keep
+            && let Some((tokens, layers)) = &self.prewarm
+        {
+            // The prewarmed prompt serves, not the entry (nor its checkpoint).
+            self.layers = layers.clone();
+            self.tokens = tokens.clone();
+            self.checkpoint = None;
+            return warm;
+        }
         self.layers = caches;
         self.tokens.truncate(keep);
         if self.checkpoint.as_ref().is_some_and(|cp| cp.tokens > keep) {
@@ -243,6 +299,11 @@ impl PromptCache {
             .iter()
             .flat_map(LayerKv::arrays)
             .chain(self.checkpoint.iter().flat_map(Checkpoint::arrays))
+            .chain(
+                self.prewarm
+                    .iter()
+                    .flat_map(|(_, l)| l.iter().flat_map(LayerKv::arrays)),
+            )
     }
 
     /// The layers, for a generation to extend.
@@ -260,7 +321,10 @@ impl PromptCache {
         if n < held as i32 {
             for layer in &mut self.layers {
                 if !layer.rewind_to(n).unwrap_or(false) {
+                    // The entry goes; a prewarmed prompt stays.
+                    let prewarm = self.prewarm.take();
                     self.clear();
+                    self.prewarm = prewarm;
                     return;
                 }
             }

@@ -360,6 +360,9 @@ impl Worker {
         };
         let Some(first) = first else {
             let checkpoint = Checkpoint::of(&caches, sequence.prompt.len()).unwrap_or(None);
+            // Kept apart too: later conversations that begin with it hit
+            // even after others replace the entry.
+            l.cache.set_prewarm(sequence.prompt.clone(), caches.clone());
             l.cache.replace(sequence.prompt.clone(), caches, checkpoint);
             s.pending
                 .push(sequence.finish(crate::generate::FinishReason::Length));
