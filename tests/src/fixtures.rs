@@ -9,7 +9,7 @@ use serde::Deserialize;
 /// gemma2, phi3), plus bfloat16 variants (qwen3, gemma3, gemma4, gemma2 and
 /// phi3 weights;
 /// llama 4-bit with bfloat16 scales).
-pub const MODELS: [&str; 42] = [
+pub const MODELS: [&str; 43] = [
     "llama-f32",
     "llama-q4",
     "llama-q4-bf16",
@@ -52,6 +52,7 @@ pub const MODELS: [&str; 42] = [
     "qwen3.5-moe-q4",
     "glm4-moe-lite-f32",
     "glm4-moe-lite-q4",
+    "qwen3.5-moe-hf-f32",
 ];
 
 /// The fixtures whose models have recurrent (linear-attention) layers.

@@ -371,6 +371,13 @@ fn qwen3_5_moe_q4_matches_mlx_lm() -> Result<()> {
     check_model("qwen3.5-moe-q4")
 }
 
+/// HF's layout of the same model (norms as offsets, the convolution turned,
+/// fused expert projections), converted at load as mlx-lm's sanitize does.
+#[test]
+fn qwen3_5_moe_hf_checkpoint_matches_mlx_lm() -> Result<()> {
+    check_model("qwen3.5-moe-hf-f32")
+}
+
 /// Latent attention (decode in latent space, prefill in head space) and
 /// sigmoid-routed experts.
 #[test]

@@ -186,33 +186,7 @@ pub fn sanitize(w: &mut super::weights::Weights) -> Result<()> {
     let hf_conv =
         w.any_array(|n, a| n.contains("conv1d.weight") && a.ndim() == 3 && a.dim(-1) != 1);
     if hf_conv {
-        let norms = [
-            ".input_layernorm.weight",
-            ".post_attention_layernorm.weight",
-            "model.norm.weight",
-            ".q_norm.weight",
-            ".k_norm.weight",
-        ];
-        w.update(
-            |n| norms.iter().any(|s| n.ends_with(s)),
-            |a| {
-                if a.ndim() == 1 {
-                    a.add(mlx_rs::Array::from_f32(1.0).as_dtype(a.dtype())?)
-                } else {
-                    Ok(a.clone())
-                }
-            },
-        )?;
-        w.update(
-            |n| n.contains("conv1d.weight"),
-            |a| {
-                if a.ndim() == 3 && a.dim(-1) != 1 {
-                    a.swap_axes(1, 2)
-                } else {
-                    Ok(a.clone())
-                }
-            },
-        )?;
+        super::qwen3_next::hf_norms_and_conv(w)?;
     }
     let fused: Vec<String> = w.names(|n| n.ends_with(".mlp.experts.gate_up_proj"));
     for name in fused {

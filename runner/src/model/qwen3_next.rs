@@ -176,6 +176,12 @@ pub fn sanitize(w: &mut Weights) -> Result<()> {
         return Ok(());
     }
     w.discard(|n| n.contains("mtp."));
+    hf_norms_and_conv(w)
+}
+
+/// HF's norm weights (offsets from one) made whole and its convolution
+/// weights turned to MLX's `[channels, kernel, 1]` (shared with Qwen3.5).
+pub(super) fn hf_norms_and_conv(w: &mut Weights) -> Result<()> {
     let norms = [
         ".input_layernorm.weight",
         ".post_attention_layernorm.weight",

@@ -272,7 +272,7 @@ pub fn softcap(x: &Array, cap: f32) -> Result<Array, Exception> {
 }
 
 /// `mx.finfo(dtype).min` of the float dtypes.
-fn dtype_min(dtype: Dtype) -> f32 {
+pub(crate) fn dtype_min(dtype: Dtype) -> f32 {
     match dtype {
         Dtype::Float16 => -65504.0,
         Dtype::Bfloat16 => -3.389_531_4e38,

@@ -9,8 +9,9 @@
 //! mask.
 use mlx_rs::error::Exception;
 use mlx_rs::ops::{select, split_at_indices};
-use mlx_rs::{Array, Dtype, fast};
+use mlx_rs::{Array, fast};
 
+use super::attention::dtype_min;
 use super::linear::{Linear, Packed};
 use super::norm::RmsNorm;
 use super::quant_ops::quantized_matmul_with;
@@ -246,14 +247,5 @@ impl Mla {
         out.extend(self.unembed_out.parameters());
         out.extend(self.o.parameters());
         out
-    }
-}
-
-/// `mx.finfo(dtype).min` of the float dtypes.
-fn dtype_min(dtype: Dtype) -> f32 {
-    match dtype {
-        Dtype::Float16 => -65504.0,
-        Dtype::Bfloat16 => -3.389_531_4e38,
-        _ => f32::MIN,
     }
 }
