@@ -2,9 +2,11 @@
 
     python3 make_big_model.py OUT_DIR SHAPE [--q4] [--tokenizer-from DIR]
 
-SHAPE is `llama-8b` (Llama 3 8B) or `qwen3-4b` (Qwen3 4B). Weights are bf16
-(or MLX affine 4-bit, group 64, with bf16 scales and biases, as mlx-community
-checkpoints are) in the HF/MLX layout Grove and mlx-lm load. Only torch (GPU if
+SHAPE is `llama-8b` (Llama 3 8B), `qwen3-4b` (Qwen3 4B) or `qwen3-30b-a3b`
+(Qwen3-30B-A3B: 128 experts, 8 per token; `--q4` only, its routers 8-bit as
+mlx-lm's converter leaves them). Weights are bf16 (or MLX affine 4-bit, group
+64, with bf16 scales and biases, as mlx-community checkpoints are) in the
+HF/MLX layout Grove and mlx-lm load (experts stacked as mlx-lm saves them). Only torch (GPU if
 present), numpy and safetensors are needed, so this runs on a GPU host without
 mlx. The numbers are random: the models are for speed, not text.
 """
@@ -48,6 +50,27 @@ SHAPES = {
         "max_position_embeddings": 40960,
         "tie_word_embeddings": True,
     },
+    "qwen3-30b-a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "hidden_size": 2048,
+        "num_hidden_layers": 48,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "tie_word_embeddings": False,
+    },
 }
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -60,14 +83,17 @@ def dense(rows: int, cols: int) -> torch.Tensor:
     return (torch.randn(rows, cols, device=DEVICE) * cols**-0.5).to(torch.bfloat16).cpu()
 
 
-def packed(rows: int, cols: int) -> dict:
-    """An MLX 4-bit affine matrix: uint32 words of 8 nibbles, bf16 scales/biases."""
-    words = RNG.integers(0, 2**32, size=(rows, cols // 8), dtype=np.uint32)
-    scale = 2.0 / 15 * cols**-0.5
+def packed(rows: int, cols: int, bits: int = 4, experts: int = 0) -> dict:
+    """An MLX affine matrix (`experts` of them stacked when > 0): uint32 words
+    of `bits`-wide values, bf16 scales and biases centring them."""
+    lead = (experts,) if experts else ()
+    words = RNG.integers(0, 2**32, size=(*lead, rows, cols * bits // 32), dtype=np.uint32)
+    top = 2**bits - 1
+    scale = 2.0 / top * cols**-0.5
     return {
         "weight": torch.from_numpy(words),
-        "scales": torch.full((rows, cols // GROUP), scale, dtype=torch.bfloat16),
-        "biases": torch.full((rows, cols // GROUP), -7.5 * scale, dtype=torch.bfloat16),
+        "scales": torch.full((*lead, rows, cols // GROUP), scale, dtype=torch.bfloat16),
+        "biases": torch.full((*lead, rows, cols // GROUP), -top / 2 * scale, dtype=torch.bfloat16),
     }
 
 
@@ -91,12 +117,21 @@ def layer_tensors(cfg: dict, i: int, q4: bool) -> dict:
     linear(t, f"{p}.self_attn.k_proj", kv * hd, h, q4)
     linear(t, f"{p}.self_attn.v_proj", kv * hd, h, q4)
     linear(t, f"{p}.self_attn.o_proj", h, heads * hd, q4)
-    linear(t, f"{p}.mlp.gate_proj", inter, h, q4)
-    linear(t, f"{p}.mlp.up_proj", inter, h, q4)
-    linear(t, f"{p}.mlp.down_proj", h, inter, q4)
+    if cfg["model_type"] == "qwen3_moe":
+        # The router 8-bit, the experts stacked 4-bit (mlx-lm's layout).
+        e, mi = cfg["num_experts"], cfg["moe_intermediate_size"]
+        for key, value in packed(e, h, bits=8).items():
+            t[f"{p}.mlp.gate.{key}"] = value
+        for name, rows, cols in (("gate_proj", mi, h), ("up_proj", mi, h), ("down_proj", h, mi)):
+            for key, value in packed(rows, cols, experts=e).items():
+                t[f"{p}.mlp.switch_mlp.{name}.{key}"] = value
+    else:
+        linear(t, f"{p}.mlp.gate_proj", inter, h, q4)
+        linear(t, f"{p}.mlp.up_proj", inter, h, q4)
+        linear(t, f"{p}.mlp.down_proj", h, inter, q4)
     t[f"{p}.input_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
     t[f"{p}.post_attention_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
-    if cfg["model_type"] == "qwen3":
+    if cfg["model_type"] in ("qwen3", "qwen3_moe"):
         t[f"{p}.self_attn.q_norm.weight"] = torch.ones(hd, dtype=torch.bfloat16)
         t[f"{p}.self_attn.k_norm.weight"] = torch.ones(hd, dtype=torch.bfloat16)
     return t
@@ -110,8 +145,13 @@ def main() -> None:
     ap.add_argument("--tokenizer-from", type=Path)
     args = ap.parse_args()
     cfg = dict(SHAPES[args.shape], torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2)
+    if cfg["model_type"] == "qwen3_moe" and not args.q4:
+        ap.error("the expert shape is made 4-bit only (--q4)")
     if args.q4:
         cfg["quantization"] = {"group_size": GROUP, "bits": 4, "mode": "affine"}
+        if cfg["model_type"] == "qwen3_moe":
+            for i in range(cfg["num_hidden_layers"]):
+                cfg["quantization"][f"model.layers.{i}.mlp.gate"] = {"group_size": GROUP, "bits": 8}
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     h, vocab = cfg["hidden_size"], cfg["vocab_size"]
