@@ -83,7 +83,10 @@ pub fn show(model: &Resolved) -> Result<pb::ShowResponse, String> {
         parameter_count: params.total,
         active_parameter_count: params.active,
         quantization: match (bits, group) {
-            (Some(b), Some(g)) => format!("{b}-bit (group {g})"),
+            (Some(b), Some(g)) => match quant.and_then(|q| q.get("mode")).and_then(Value::as_str) {
+                Some(mode) if mode != "affine" => format!("{b}-bit {mode} (group {g})"),
+                _ => format!("{b}-bit (group {g})"),
+            },
             (Some(b), None) => format!("{b}-bit"),
             _ => String::new(),
         },

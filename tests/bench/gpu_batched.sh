@@ -7,17 +7,7 @@
 # carries .device/rt/p3 (rt.part3, unpack-mlx-cuda) and .device/tok (a
 # fixture tokenizer).
 set -euo pipefail
-G=/tmp/g
-OUT=${OUT:-$G/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-cp .device/rt/p3/* "$G/"
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$G/site" "$G"/whl/*.whl
-sh "$G/unpack-mlx-cuda" "$G" "$G/site" > "$G/env.sh"
-. "$G/env.sh"
-export PYTHONPATH=$G/site
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
+. tests/bench/gpu_env.sh
 SHAPE=${SHAPE:-llama-8b}
 M="$G/$SHAPE${Q4:+-q4}"
 [ -d "$M" ] || python3 tests/bench/make_big_model.py "$M" "$SHAPE" --tokenizer-from .device/tok ${Q4:+--q4}

@@ -7,17 +7,7 @@
 # and rt.part1/rt.part2 from ../shared/tools/pack-mlx-cuda; the call carries
 # .device/rt/p3 (rt.part3, unpack-mlx-cuda) and .device/tok (a tokenizer).
 set -euo pipefail
-G=/tmp/g
-OUT=${OUT:-$G/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-cp .device/rt/p3/* "$G/"
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$G/site" "$G"/whl/*.whl
-sh "$G/unpack-mlx-cuda" "$G" "$G/site" > "$G/env.sh"
-. "$G/env.sh"
-export PYTHONPATH=$G/site
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
+. tests/bench/gpu_env.sh
 M="$G/qwen3-30b-a3b-q4"
 [ -d "$M" ] || { time python3 tests/bench/make_big_model.py "$M" qwen3-30b-a3b --q4 --tokenizer-from .device/tok; }
 ids=$(python3 -c "import random; random.seed(0); print(','.join(str(random.randrange(5, 1000)) for _ in range(512)))")

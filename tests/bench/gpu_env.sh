@@ -1,0 +1,16 @@
+# Sourced by the GPU benchmark scripts on the device machine: unpacks the MLX
+# CUDA runtime carried in parts into /tmp/g, installs the carried mlx and
+# mlx-lm wheels beside it, and sets G, OUT, LD_LIBRARY_PATH and PYTHONPATH.
+# Expects /tmp/g/{bin,whl,rt.part1,rt.part2} from earlier calls and the call's
+# own .device/rt/p3 (see tests/bench/README.md).
+G=/tmp/g
+OUT=${OUT:-$G/out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+cp .device/rt/p3/* "$G/"
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$G/site" "$G"/whl/*.whl
+sh "$G/unpack-mlx-cuda" "$G" "$G/site" > "$G/env.sh"
+. "$G/env.sh"
+export PYTHONPATH=$G/site
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
