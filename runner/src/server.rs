@@ -75,10 +75,12 @@ pub async fn run(
         tokio::spawn(async move {
             let result = async {
                 let ids = prewarm_ids(&engine, &sandbox, &chat).await?;
-                let rx = engine.queue_prewarm(ids).map_err(submit_status);
-                // Queued (or failed): generations may go now.
-                let _ = queued_tx.send(true);
-                rx?.await
+                // Generations wait until it is in the prompt cache: admitted
+                // beside it, they would start before it is there.
+                engine
+                    .queue_prewarm(ids)
+                    .map_err(submit_status)?
+                    .await
                     .map_err(|_| submit_status(crate::engine::SubmitError::Stopped))?
                     .map_err(runner_status)
             }
@@ -139,8 +141,8 @@ struct Service {
     engine: Engine,
     sandbox: Sandbox,
     stop: Arc<Notify>,
-    /// True once the startup prewarm (if any) is queued or has failed:
-    /// generations wait for it, so the prewarm is ahead of them.
+    /// True once the startup prewarm (if any) is done or has failed:
+    /// generations wait for it, so they find it in the prompt cache.
     prewarm_queued: tokio::sync::watch::Receiver<bool>,
 }
 
@@ -332,7 +334,7 @@ impl Runner for Service {
                     .map_err(runner_status)?
             }
         };
-        // A startup prewarm goes first (it is queued within moments of loading).
+        // A startup prewarm goes first (a system prompt's prefill after loading).
         let mut queued = self.prewarm_queued.clone();
         let _ = queued.wait_for(|q| *q).await;
         let mut events = self.engine.generate(job).map_err(submit_status)?;
