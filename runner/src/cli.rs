@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 
+use crate::cache::{KvQuant, KvSetting};
 use crate::chat_template::sandbox::Sandbox;
 use crate::chat_template::{ChatRequest, Message, Role};
 use crate::detokenize::Detokenizer;
@@ -56,6 +57,72 @@ pub struct ImportArgs {
     pub json: bool,
 }
 
+/// The KV cache's element type (ollama's `OLLAMA_KV_CACHE_TYPE` words).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvCacheType {
+    /// Full precision: the model's activation dtype.
+    #[default]
+    #[value(alias = "f32", alias = "bf16")]
+    F16,
+    /// 8-bit MLX affine quantization.
+    #[value(alias = "q8_0")]
+    Q8,
+    /// 4-bit MLX affine quantization.
+    #[value(alias = "q4_0")]
+    Q4,
+}
+
+/// How the KV cache is held (mlx-lm's `--kv-bits`, `--kv-group-size`,
+/// `--quantized-kv-start`).
+#[derive(Debug, Args)]
+pub struct KvArgs {
+    /// The KV cache type: f16 (full precision), q8 or q4 (MLX affine
+    /// quantization, as mlx-lm's QuantizedKVCache).
+    #[arg(long, env = "GROVE_KV_CACHE_TYPE", value_enum, default_value_t)]
+    pub kv_cache_type: KvCacheType,
+    /// Bits per KV element (2-8), as mlx-lm's --kv-bits; instead of
+    /// --kv-cache-type.
+    #[arg(long)]
+    pub kv_bits: Option<u32>,
+    /// Elements per quantization group (32, 64 or 128).
+    #[arg(long, env = "GROVE_KV_GROUP_SIZE", default_value_t = 64)]
+    pub kv_group_size: u32,
+    /// Tokens a sequence holds before its cache turns quantized.
+    #[arg(long, env = "GROVE_QUANTIZED_KV_START", default_value_t = 0)]
+    pub quantized_kv_start: usize,
+}
+
+impl KvArgs {
+    /// The setting, checked.
+    pub fn setting(&self) -> Result<Option<KvSetting>> {
+        let typed = match self.kv_cache_type {
+            KvCacheType::F16 => None,
+            KvCacheType::Q8 => Some(8),
+            KvCacheType::Q4 => Some(4),
+        };
+        let bits = match (self.kv_bits, typed) {
+            (Some(b), Some(t)) if b != t => {
+                return Err(RunnerError::Request(format!(
+                    "--kv-bits {b} contradicts --kv-cache-type {:?}",
+                    self.kv_cache_type
+                )));
+            }
+            (Some(0), _) => None,
+            (Some(b), _) => Some(b),
+            (None, t) => t,
+        };
+        let Some(bits) = bits else {
+            return Ok(None);
+        };
+        let quant = KvQuant::new(bits.min(64) as i32, self.kv_group_size.min(1 << 20) as i32)
+            .map_err(RunnerError::Request)?;
+        Ok(Some(KvSetting {
+            quant,
+            start: self.quantized_kv_start,
+        }))
+    }
+}
+
 /// Arguments of `grove-runner serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -100,6 +167,8 @@ pub struct ServeArgs {
     /// Bytes of memory the sandbox process of one rendering may use.
     #[arg(long, env = "GROVE_TEMPLATE_MEMORY", default_value_t = 1 << 30)]
     pub template_memory: u64,
+    #[command(flatten)]
+    pub kv: KvArgs,
 }
 
 /// Arguments of `grove-runner generate`.
@@ -156,6 +225,8 @@ pub struct GenerateArgs {
     /// Also write the last prompt position's logits (JSON array of floats) here.
     #[arg(long)]
     pub dump_logits: Option<PathBuf>,
+    #[command(flatten)]
+    pub kv: KvArgs,
 }
 
 /// `--json` output.
@@ -248,6 +319,8 @@ fn run_serve(args: ServeArgs) -> Result<()> {
             num_parallel: args.num_parallel.map(|n| n as usize),
             kv_capacity: args.kv_capacity.map(|n| n as usize),
             cpu_dtypes: args.cpu_dtypes,
+            kv: args.kv.setting()?,
+            disk: crate::engine::disk::DiskConfig::from_env().map_err(RunnerError::Request)?,
         },
         socket: args.socket,
     };
@@ -366,6 +439,7 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
             ..SamplingOptions::default()
         },
         capture_logits: args.dump_logits.is_some(),
+        kv: args.kv.setting()?,
     };
     if args.repeat == 0 {
         return Err(RunnerError::Request("--repeat must be at least 1".into()));

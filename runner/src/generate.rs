@@ -7,7 +7,7 @@ use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::{Array, Dtype};
 
-use crate::cache::LayerKv;
+use crate::cache::{KvSetting, LayerKv};
 use crate::error::{MlxPhase, Result, RunnerError};
 use crate::model::Model;
 use crate::sample::{Sampler, SamplingOptions};
@@ -23,6 +23,8 @@ pub struct GenerateParams {
     pub sampling: SamplingOptions,
     /// Keep the last prompt position's logits (float32) in the output.
     pub capture_logits: bool,
+    /// Quantize the KV cache (from a start), or keep full precision.
+    pub kv: Option<KvSetting>,
 }
 
 impl Default for GenerateParams {
@@ -32,6 +34,7 @@ impl Default for GenerateParams {
             prefill_chunk: 2048,
             sampling: SamplingOptions::default(),
             capture_logits: false,
+            kv: None,
         }
     }
 }
@@ -111,10 +114,30 @@ fn rate(n: f64, seconds: f64) -> f64 {
 
 /// Runs `tokens` (`[1, L]`) through the model and returns the last position's
 /// logits, `[1, V]`.
-fn step(model: &Model, tokens: &Array, caches: &mut [LayerKv]) -> Result<Array> {
+fn step(
+    model: &Model,
+    tokens: &Array,
+    caches: &mut [LayerKv],
+    kv: Option<KvSetting>,
+) -> Result<Array> {
     let hidden = model.decoder.forward(tokens, caches).phase("forward")?;
+    maybe_quantize(caches, kv).phase("forward")?;
     let last = hidden.try_index((.., -1, ..)).phase("forward")?;
     model.decoder.logits(&last).phase("forward")
+}
+
+/// mlx-lm's `maybe_quantize_kv_cache`: after each forward pass, every
+/// full-attention layer holding at least the setting's start is quantized.
+pub fn maybe_quantize(
+    caches: &mut [LayerKv],
+    kv: Option<KvSetting>,
+) -> std::result::Result<(), mlx_rs::error::Exception> {
+    if kv.is_some() {
+        for cache in caches {
+            cache.maybe_quantize(kv)?;
+        }
+    }
+    Ok(())
 }
 
 /// What the caller wants after each token.
@@ -209,6 +232,11 @@ pub fn generate_cached(
             "prefill chunk must be at least 1 token".into(),
         ));
     }
+    if let Some(kv) = params.kv {
+        model
+            .check_kv_quant(kv.quant)
+            .map_err(RunnerError::Request)?;
+    }
     let mut sampler = Sampler::new(&params.sampling, model.dims.vocab as usize)?;
     // The ids the penalties look at: the prompt and the tokens read back so far.
     let mut history: Vec<u32> = if sampler.uses_history() {
@@ -230,6 +258,7 @@ pub fn generate_cached(
         let chunk = Model::tokens_array(&prompt[done..done + n]);
         let hidden = model.decoder.forward(&chunk, caches).phase("prefill")?;
         drop(hidden);
+        maybe_quantize(caches, params.kv).phase("prefill")?;
         eval(caches.iter().flat_map(LayerKv::arrays)).phase("prefill")?;
         mlx_rs::memory::clear_cache().phase("prefill")?;
         done += n;
@@ -239,7 +268,12 @@ pub fn generate_cached(
     }
 
     // 2. The last prompt token gives the first logits.
-    let logits = step(model, &Model::tokens_array(&prompt[done..]), caches)?;
+    let logits = step(
+        model,
+        &Model::tokens_array(&prompt[done..]),
+        caches,
+        params.kv,
+    )?;
     let prompt_logits = if params.capture_logits {
         let l = logits.as_dtype(Dtype::Float32).phase("reading logits")?;
         eval([&l]).phase("reading logits")?;
@@ -268,7 +302,11 @@ pub fn generate_cached(
     while tokens.len() < max_tokens {
         let next = if tokens.len() + 1 < max_tokens {
             let input = y.reshape(&[1, 1]).phase("decode")?;
-            let next = sampler.sample_after(&step(model, &input, caches)?, &history, Some(&y))?;
+            let next = sampler.sample_after(
+                &step(model, &input, caches, params.kv)?,
+                &history,
+                Some(&y),
+            )?;
             fed += 1;
             async_eval([&next]).phase("decode")?;
             Some(next)

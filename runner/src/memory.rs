@@ -8,6 +8,7 @@
 //! sequence, whatever the context, and a recurrent layer its fixed state:
 //! `windows` reserves that for every sequence that may run at once, the
 //! prompt-cache entry and its checkpoint.
+use crate::cache::KvQuant;
 use crate::model::Model;
 
 /// Share of memory Grove lets one runner use for weights, KV and activations.
@@ -22,7 +23,8 @@ pub struct Budget {
     pub weight_bytes: u64,
     /// Reserved for activations of one prefill chunk and the logits.
     pub headroom: u64,
-    /// Bytes of keys + values per token, all full-attention layers.
+    /// Bytes of keys + values per token, all full-attention layers, as the
+    /// runner's KV cache type holds them (quantized: packed, scales, biases).
     pub kv_bytes_per_token: u64,
     /// Bytes the sliding-window and recurrent layers of one sequence hold
     /// at most: the batch's sliding buffer or state, and the checkpoint of
@@ -100,20 +102,12 @@ impl Budget {
         (memory_total, memory_source): (u64, MemorySource),
         chunk: u64,
         sequences: u64,
+        kv: Option<KvQuant>,
     ) -> Self {
         let d = &model.dims;
-        let dtype_bytes = match model.dtype() {
-            mlx_rs::Dtype::Float16 | mlx_rs::Dtype::Bfloat16 => 2,
-            _ => 4,
-        };
+        let dtype_bytes = dtype_bytes(model);
         let per_cache = d.kv_bytes_per_token_by_cache(dtype_bytes);
-        let kv_bytes_per_token: u64 = d
-            .kinds
-            .iter()
-            .zip(&per_cache)
-            .filter(|(k, _)| k.window().is_none())
-            .map(|(_, b)| b)
-            .sum();
+        let kv_bytes_per_token = kv_bytes_per_token(model, kv);
         let window_bytes_per_sequence: u64 = d
             .kinds
             .iter()
@@ -162,6 +156,30 @@ impl Budget {
 }
 
 const MIB: u64 = 1 << 20;
+
+/// Bytes per element of the model's activations (and so of its KV cache).
+fn dtype_bytes(model: &Model) -> u64 {
+    match model.dtype() {
+        mlx_rs::Dtype::Float16 | mlx_rs::Dtype::Bfloat16 => 2,
+        _ => 4,
+    }
+}
+
+/// Bytes of keys + values per token of the full-attention layers, in full
+/// precision or quantized as `kv` says.
+pub fn kv_bytes_per_token(model: &Model, kv: Option<KvQuant>) -> u64 {
+    let d = &model.dims;
+    let dtype_bytes = dtype_bytes(model);
+    d.kinds
+        .iter()
+        .zip(d.kv_bytes_per_token_by_cache(dtype_bytes))
+        .filter(|(k, _)| k.window().is_none())
+        .map(|(_, b)| match kv {
+            None => b,
+            Some(q) => q.bytes(b / dtype_bytes, dtype_bytes),
+        })
+        .sum()
+}
 
 /// The recurrent layers' states of one sequence, twice: in the batch and in
 /// the checkpoint of its prompt.

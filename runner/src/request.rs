@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use grove_proto::runner::v1 as pb;
 use tonic::Status;
 
+use crate::cache::{KvQuant, KvSetting};
 use crate::chat_template::{ChatRequest, Message, Role, ToolCall};
-use crate::engine::{Job, SubmitError};
+use crate::engine::{Job, KvChoice, SubmitError};
 use crate::error::RunnerError;
 use crate::generate::GenerateParams;
 use crate::sample::SamplingOptions;
@@ -160,6 +161,7 @@ pub fn job(req: pb::GenerateRequest, vocab: usize) -> Result<(Job, Prompt), Stat
     if req.stop.iter().any(String::is_empty) {
         return Err(Status::invalid_argument("stop strings must not be empty"));
     }
+    let kv = kv_choice(req.kv_bits, req.kv_group_size, req.quantized_kv_start)?;
     let defaults = GenerateParams::default();
     let job = Job {
         input: Vec::new(),
@@ -171,10 +173,43 @@ pub fn job(req: pb::GenerateRequest, vocab: usize) -> Result<(Job, Prompt), Stat
             },
             sampling,
             capture_logits: false,
+            kv: None,
         },
         max_tokens: req.max_tokens as usize,
         num_ctx: req.num_ctx as usize,
         stop: req.stop,
+        kv,
     };
     Ok((job, prompt))
+}
+
+/// A request's KV cache: the runner's unless it names a bit width; 0 is
+/// full precision. A group or start without bits is refused (it would be
+/// ignored).
+fn kv_choice(
+    bits: Option<u32>,
+    group: Option<u32>,
+    start: Option<u32>,
+) -> Result<KvChoice, Status> {
+    let Some(bits) = bits else {
+        if group.is_some() || start.is_some() {
+            return Err(Status::invalid_argument(
+                "kv_group_size and quantized_kv_start need kv_bits",
+            ));
+        }
+        return Ok(KvChoice::Runner);
+    };
+    if bits == 0 {
+        return Ok(KvChoice::Exactly(None));
+    }
+    let group = group.unwrap_or(crate::cache::quantized::DEFAULT_GROUP as u32);
+    let quant = KvQuant::new(
+        bits.min(i32::MAX as u32) as i32,
+        group.min(i32::MAX as u32) as i32,
+    )
+    .map_err(Status::invalid_argument)?;
+    Ok(KvChoice::Exactly(Some(KvSetting {
+        quant,
+        start: start.unwrap_or(0) as usize,
+    })))
 }

@@ -255,6 +255,14 @@ fn status(s: &Snapshot) -> pb::StatusResponse {
         kv_bytes_per_token: m.budget.map_or(0, |b| b.kv_bytes_per_token),
         window_bytes_per_sequence: m.budget.map_or(0, |b| b.window_bytes_per_sequence),
         checkpoint_bytes: m.checkpoint_bytes,
+        kv_quantization: m.kv.map(|k| pb::KvQuantization {
+            bits: k.quant.bits as u32,
+            group_size: k.quant.group_size as u32,
+            start: k.start.min(u32::MAX as usize) as u32,
+        }),
+        disk_entries: m.disk_entries.min(u32::MAX as usize) as u32,
+        disk_bytes: m.disk_bytes,
+        disk_budget_bytes: m.disk_budget,
     };
     pb::StatusResponse {
         health: Some(health(s)),
@@ -282,6 +290,7 @@ fn done_message(reason: FinishReason, m: crate::engine::Metrics) -> pb::Generate
                 prompt_eval_ns: m.prompt_eval.as_nanos() as u64,
                 eval_tokens: m.eval_tokens as u32,
                 eval_ns: m.eval.as_nanos() as u64,
+                cached_prompt_tokens_disk: m.cached_from_disk as u32,
             }),
         })),
     }

@@ -215,6 +215,9 @@ fn sample_request() -> pb::GenerateRequest {
         max_tokens: 16,
         num_ctx: 512,
         prefill_chunk: 64,
+        kv_bits: Some(4),
+        kv_group_size: Some(64),
+        quantized_kv_start: Some(0),
     }
 }
 

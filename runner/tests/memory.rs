@@ -102,7 +102,7 @@ fn active_invariant(name: &str) {
         let prompt: Vec<u32> = std::iter::once(first)
             .chain((1..len).map(|i| 5 + (i * 17 + r) % 1000))
             .collect();
-        let reused = cache.reuse_for(&prompt);
+        let reused = cache.reuse_for(&prompt, None);
         let out = generate_cached(
             &model,
             cache.layers_mut(),
@@ -187,6 +187,8 @@ fn batched_invariant(name: &str) {
         num_parallel: Some(8),
         kv_capacity: None,
         cpu_dtypes: Default::default(),
+        kv: None,
+        disk: None,
     };
     let (engine, thread) = Engine::spawn_inspected(config, Some(inspector)).expect("spawn");
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -202,6 +204,7 @@ fn batched_invariant(name: &str) {
         max_tokens,
         num_ctx: 0,
         stop: Vec::new(),
+        kv: Default::default(),
     };
     let mut after = Vec::new();
     rt.block_on(async {

@@ -77,6 +77,9 @@ pub(crate) fn runner_request(
         max_tokens: o.max_tokens.unwrap_or(0),
         num_ctx: o.num_ctx.unwrap_or(0),
         prefill_chunk: 0,
+        kv_bits: o.kv_bits,
+        kv_group_size: o.kv_group_size,
+        quantized_kv_start: o.quantized_kv_start,
     }
 }
 
@@ -137,6 +140,7 @@ fn done(d: rpb::Done, load: Duration, started: Instant) -> pb::GenerateResponse 
                 eval_ns: m.eval_ns,
                 load_ns: load.as_nanos() as u64,
                 total_ns: started.elapsed().as_nanos() as u64,
+                cached_prompt_tokens_disk: m.cached_prompt_tokens_disk,
             }),
         })),
     }

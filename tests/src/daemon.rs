@@ -49,6 +49,8 @@ impl Daemon {
             .env("OLLAMA_MODELS", ollama.path())
             .env("HF_HUB_OFFLINE", "1")
             .env("GROVE_RUNNER", binary("grove-runner")?)
+            // The runners' SSD tier is off unless a test turns it on.
+            .env("GROVE_KV_DISK", "0")
             .stdin(Stdio::null());
         for (k, v) in env {
             cmd.env(k, v);

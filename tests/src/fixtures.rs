@@ -9,7 +9,7 @@ use serde::Deserialize;
 /// gemma2, phi3), plus bfloat16 variants (qwen3, gemma3, gemma4, gemma2 and
 /// phi3 weights;
 /// llama 4-bit with bfloat16 scales).
-pub const MODELS: [&str; 43] = [
+pub const MODELS: [&str; 45] = [
     "llama-f32",
     "llama-q4",
     "llama-q4-bf16",
@@ -53,6 +53,8 @@ pub const MODELS: [&str; 43] = [
     "glm4-moe-lite-f32",
     "glm4-moe-lite-q4",
     "qwen3.5-moe-hf-f32",
+    "llama-kv-f32",
+    "llama-kv-q4",
 ];
 
 /// The fixtures whose models have recurrent (linear-attention) layers.
@@ -176,5 +178,43 @@ pub fn has_half_precision(name: &str) -> Result<bool> {
 fn read_reference(path: &std::path::Path) -> Result<Reference> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// The fixtures with mlx-lm references for a quantized KV cache.
+pub const KV_QUANTIZED: [&str; 4] = ["llama-kv-f32", "llama-kv-q4", "qwen3-f32", "qwen3-next-f32"];
+
+/// mlx-lm's greedy outputs with a quantized KV cache (`reference-kv.json`).
+#[derive(Debug, Deserialize)]
+pub struct KvReference {
+    pub model: String,
+    pub settings: Vec<KvSettingReference>,
+}
+
+/// One KV setting and mlx-lm's outputs under it.
+#[derive(Debug, Deserialize)]
+pub struct KvSettingReference {
+    pub kv_bits: u32,
+    pub kv_group_size: u32,
+    pub quantized_kv_start: u32,
+    pub cases: Vec<KvCase>,
+}
+
+/// One prompt under a KV setting.
+#[derive(Debug, Deserialize)]
+pub struct KvCase {
+    pub name: String,
+    pub prompt_tokens: Vec<u32>,
+    pub tokens: Vec<u32>,
+    /// mlx-lm's streamed text of `tokens`.
+    pub text: String,
+    pub finish_reason: String,
+}
+
+/// `reference-kv.json` of a fixture.
+pub fn kv_reference(name: &str) -> Result<KvReference> {
+    let path = model_dir(name)?.join("reference-kv.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }

@@ -20,19 +20,34 @@ pub struct Served {
 
 impl Served {
     /// Starts a runner for `model` with extra `args` and waits until it is READY.
+    /// Its SSD tier is off (GROVE_KV_DISK=0), so that runs on the same
+    /// fixture never see each other's entries; [`Served::start_env`] turns
+    /// it on.
     pub async fn start(model: &Path, args: &[&str]) -> Result<(Self, RunnerClient<Channel>)> {
+        Self::start_env(model, args, &[("GROVE_KV_DISK", "0")]).await
+    }
+
+    /// As [`Served::start`], with `env` set for the runner.
+    pub async fn start_env(
+        model: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<(Self, RunnerClient<Channel>)> {
         let dir = tempfile::tempdir()?;
         let socket = dir.path().join("runner.sock");
-        let child = Command::new(binary("grove-runner")?)
-            .arg("serve")
+        let mut cmd = Command::new(binary("grove-runner")?);
+        cmd.arg("serve")
             .arg("--model")
             .arg(model)
             .arg("--socket")
             .arg(&socket)
             .args(args)
-            .stdin(Stdio::null())
-            .spawn()
-            .context("starting grove-runner serve")?;
+            .env("GROVE_KV_DISK", "0")
+            .stdin(Stdio::null());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().context("starting grove-runner serve")?;
         let mut served = Self {
             child,
             socket,

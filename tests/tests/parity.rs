@@ -260,6 +260,16 @@ fn phi3_bf16_matches_mlx_lm() -> Result<()> {
     check_model("phi3-bf16")
 }
 
+#[test]
+fn llama_kv_f32_matches_mlx_lm() -> Result<()> {
+    check_model("llama-kv-f32")
+}
+
+#[test]
+fn llama_kv_q4_matches_mlx_lm() -> Result<()> {
+    check_model("llama-kv-q4")
+}
+
 /// Text prompts are tokenized as mlx-lm does (BOS rule included), so the text
 /// path gives the same prompt length and the same tokens.
 #[test]

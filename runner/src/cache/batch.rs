@@ -23,14 +23,19 @@
 //! A recurrent layer's batch ([`CacheKind::Recurrent`]) holds no keys: its
 //! rows' states are stacked in a [`RecurrentCache`], joined, filtered and
 //! extracted the same way.
+//!
+//! A full-attention batch may hold its keys and values quantized (every
+//! row: [`BatchKvCache::to_quantized`]); a row that joins is brought to the
+//! batch's form, or the batch to the row's when the row is quantized.
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::{Array, Dtype};
 
-use super::kv::{KvCache, STEP, write_at};
+use super::kv::{KvCache, STEP, not_quantizable, write_at};
 use super::{
-    AttentionMask, CacheKind, LayerCache, LayerKv, Positions, RecurrentCache, RotatingKvCache,
+    AttentionMask, CacheKind, Fetched, KvQuant, KvSetting, LayerCache, LayerKv, Planes, Positions,
+    RecurrentCache, RotatingKvCache, fetched,
 };
 
 /// Slots a windowed batch keeps beyond its window when it slides, so that a
@@ -40,8 +45,10 @@ const WINDOW_MARGIN: i32 = 16;
 /// Keys and values of one layer for every sequence of a batch.
 #[derive(Default)]
 pub struct BatchKvCache {
-    keys: Option<Array>,
-    values: Option<Array>,
+    keys: Option<Planes>,
+    values: Option<Planes>,
+    /// How keys and values are quantized (`None`: full precision).
+    quant: Option<KvQuant>,
     /// Time slots written so far (the same for every row).
     idx: i32,
     /// Unused slots before each row's first token (negative: the row's
@@ -55,11 +62,13 @@ pub struct BatchKvCache {
 
 /// A buffer of capacity `cap` (a whole number of steps) holding `data` in its
 /// first `data.dim(2)` slots.
-fn rebuilt(data: &Array, cap: i32) -> Result<Array, Exception> {
-    let shape = [data.dim(0), data.dim(1), cap, data.dim(3)];
-    let mut fresh = zeros_dtype(&shape, data.dtype())?;
-    fresh.try_index_mut((.., .., ..data.dim(2), ..), data)?;
-    Ok(fresh)
+fn rebuilt(data: &Planes, cap: i32) -> Result<Planes, Exception> {
+    data.map(|data| {
+        let shape = [data.dim(0), data.dim(1), cap, data.dim(3)];
+        let mut fresh = zeros_dtype(&shape, data.dtype())?;
+        fresh.try_index_mut((.., .., ..data.dim(2), ..), data)?;
+        Ok(fresh)
+    })
 }
 
 /// Room for `len` tokens, in whole steps.
@@ -126,9 +135,53 @@ impl BatchKvCache {
     /// Appends row(s) holding `len` tokens each in `keys`/`values`
     /// (`[n, H, ≥len, D]`): the sequences that join. Both sides are
     /// right-aligned at the longer length.
-    pub fn extend(&mut self, keys: &Array, values: &Array, len: i32) -> Result<(), Exception> {
-        let n = keys.dim(0) as usize;
+    pub fn extend(&mut self, keys: &Planes, values: &Planes, len: i32) -> Result<(), Exception> {
+        let n = keys.rows() as usize;
         self.append(keys, values, len, &vec![0; n])
+    }
+
+    /// How keys and values are held.
+    pub fn quant(&self) -> Option<KvQuant> {
+        self.quant
+    }
+
+    /// mlx-lm's `maybe_quantize_kv_cache` for a batch: a full-attention
+    /// layer turns quantized (every row) once its longest row holds the
+    /// setting's start.
+    pub fn maybe_quantize(&mut self, setting: Option<KvSetting>) -> Result<(), Exception> {
+        match setting {
+            Some(s)
+                if self.kind() == CacheKind::Full
+                    && self.quant.is_none()
+                    && self.idx.max(0) as usize >= s.start =>
+            {
+                self.to_quantized(s.quant)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Every row quantized (the whole buffers, as mlx-lm's `to_quantized`);
+    /// nothing changes when it already is, or for a layer without keys.
+    pub fn to_quantized(&mut self, q: KvQuant) -> Result<(), Exception> {
+        if self.quant.is_some() || self.recurrent.is_some() {
+            return Ok(());
+        }
+        if self.window.is_some() {
+            return Err(Exception::custom(
+                "a sliding-window layer's KV cache cannot be quantized",
+            ));
+        }
+        let quantized = |p: &Option<Planes>| -> Result<Option<Planes>, Exception> {
+            match p.as_ref().and_then(Planes::as_float) {
+                Some(a) => Ok(Some(Planes::quantize(a, q)?)),
+                None => Ok(None),
+            }
+        };
+        self.keys = quantized(&self.keys)?;
+        self.values = quantized(&self.values)?;
+        self.quant = Some(q);
+        Ok(())
     }
 
     /// Appends another batch's rows (a prefilled group), their own left
@@ -137,8 +190,15 @@ impl BatchKvCache {
         if let (Some(mine), Some(theirs)) = (&mut self.recurrent, &other.recurrent) {
             return mine.merge(theirs);
         }
-        match (&other.keys, &other.values) {
-            (Some(k), Some(v)) => self.append(k, v, other.idx, &other.left_padding),
+        if let Some(q) = other.quant {
+            self.to_quantized(q)?;
+        }
+        match (&other.keys, &other.values, self.quant, other.quant) {
+            (Some(k), Some(v), Some(q), None) => {
+                let (k, v) = (quantize_float(k, q)?, quantize_float(v, q)?);
+                self.append(&k, &v, other.idx, &other.left_padding)
+            }
+            (Some(k), Some(v), ..) => self.append(k, v, other.idx, &other.left_padding),
             _ => Err(Exception::custom("merging an empty batch")),
         }
     }
@@ -147,25 +207,27 @@ impl BatchKvCache {
     /// `inner` slots within their `len`.
     fn append(
         &mut self,
-        keys: &Array,
-        values: &Array,
+        keys: &Planes,
+        values: &Planes,
         len: i32,
         inner: &[i32],
     ) -> Result<(), Exception> {
         let new_idx = self.idx.max(len);
-        let pad_left = |x: &Array, have: i32| -> Result<Array, Exception> {
-            let used = x.try_index((.., .., ..have, ..))?;
-            let missing = new_idx - have;
-            if missing == 0 {
-                return Ok(used);
-            }
-            let zeros = zeros_dtype(&[x.dim(0), x.dim(1), missing, x.dim(3)], x.dtype())?;
-            concatenate(&[zeros, used], 2)
+        let pad_left = |x: &Planes, have: i32| -> Result<Planes, Exception> {
+            x.map(|x| {
+                let used = x.try_index((.., .., ..have, ..))?;
+                let missing = new_idx - have;
+                if missing == 0 {
+                    return Ok(used);
+                }
+                let zeros = zeros_dtype(&[x.dim(0), x.dim(1), missing, x.dim(3)], x.dtype())?;
+                concatenate(&[zeros, used], 2)
+            })
         };
-        let joined = |held: Option<&Array>, new: &Array| -> Result<Array, Exception> {
+        let joined = |held: Option<&Planes>, new: &Planes| -> Result<Planes, Exception> {
             let new = pad_left(new, len)?;
             let all = match held {
-                Some(h) => concatenate(&[pad_left(h, self.idx)?, new], 0)?,
+                Some(h) => pad_left(h, self.idx)?.zip_map(&new, |a, b| concatenate(&[a, b], 0))?,
                 None => new,
             };
             rebuilt(&all, capacity_for(new_idx + 1))
@@ -197,13 +259,24 @@ impl BatchKvCache {
             _ if self.recurrent.is_some() => Err(Exception::custom(
                 "keys and values joining a recurrent batch",
             )),
-            LayerKv::Full(c) => match c.buffers() {
-                Some((k, v)) => self.extend(k, v, c.offset()),
-                None => Err(Exception::custom("joining an empty cache")),
-            },
+            LayerKv::Full(c) => {
+                let c = match (c.quant(), self.quant) {
+                    (Some(q), None) => {
+                        self.to_quantized(q)?;
+                        c.clone()
+                    }
+                    (None, Some(q)) => c.to_quantized(q)?,
+                    _ => c.clone(),
+                };
+                match c.buffers() {
+                    Some((k, v)) => self.extend(k, v, c.offset()),
+                    None => Err(Exception::custom("joining an empty cache")),
+                }
+            }
             LayerKv::Window(c) => match c.temporal()? {
                 Some((k, v)) => {
                     let held = k.dim(2);
+                    let (k, v) = (Planes::float(k), Planes::float(v));
                     self.append(&k, &v, held, &[held - c.offset()])
                 }
                 None => Err(Exception::custom("joining an empty cache")),
@@ -223,9 +296,9 @@ impl BatchKvCache {
             return Ok(());
         }
         let cut = self.idx - keep;
-        let compact = |x: &Array| -> Result<Array, Exception> {
+        let compact = |x: &Planes| -> Result<Planes, Exception> {
             rebuilt(
-                &x.try_index((.., .., cut..self.idx, ..))?,
+                &x.map(|x| x.try_index((.., .., cut..self.idx, ..)))?,
                 capacity_for(keep + 1),
             )
         };
@@ -256,9 +329,11 @@ impl BatchKvCache {
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
             let rows: Vec<i32> = keep.iter().map(|&b| b as i32).collect();
             let rows = Array::from_slice(&rows, &[rows.len() as i32]);
-            let compact = |x: &Array| -> Result<Array, Exception> {
-                let kept = x.take_axis(&rows, 0)?;
-                let used = kept.try_index((.., .., cut..self.idx, ..))?;
+            let compact = |x: &Planes| -> Result<Planes, Exception> {
+                let used = x.map(|x| {
+                    x.take_axis(&rows, 0)?
+                        .try_index((.., .., cut..self.idx, ..))
+                })?;
                 rebuilt(&used, capacity_for(len + 1))
             };
             self.keys = Some(compact(k)?);
@@ -290,18 +365,21 @@ impl BatchKvCache {
         let start = first.max(0);
         let end = first + len;
         let row = b as i32;
-        let part = |x: &Array| x.try_index((row..row + 1, .., start..end.max(start), ..));
+        let part =
+            |x: &Planes| x.map(|x| x.try_index((row..row + 1, .., start..end.max(start), ..)));
         Ok(match self.window {
             None => Some(LayerKv::Full(KvCache::from_buffers(
                 rebuilt(&part(k)?, capacity_for(len))?,
                 rebuilt(&part(v)?, capacity_for(len))?,
                 len,
-            ))),
+                self.quant,
+            )?)),
             Some(window) => {
                 let held = (end - start).max(0);
+                let float = |p: Planes| p.as_float().cloned().ok_or_else(not_quantizable);
                 RotatingKvCache::from_temporal(
-                    rebuilt(&part(k)?, held)?,
-                    rebuilt(&part(v)?, held)?,
+                    float(rebuilt(&part(k)?, held)?)?,
+                    float(rebuilt(&part(v)?, held)?)?,
                     len,
                     window,
                 )
@@ -315,6 +393,7 @@ impl BatchKvCache {
         self.keys
             .iter()
             .chain(self.values.iter())
+            .flat_map(|p| p.parts().iter())
             .chain(self.recurrent.iter().flat_map(RecurrentCache::arrays))
     }
 
@@ -380,18 +459,37 @@ impl LayerCache for BatchKvCache {
         keys: &Array,
         values: &Array,
     ) -> Result<(Array, Array), Exception> {
+        match self.update_and_fetch_kv(keys, values)? {
+            Fetched::Float(k, v) => Ok((k, v)),
+            Fetched::Quantized { .. } => Err(not_quantizable()),
+        }
+    }
+
+    fn recurrent(&mut self) -> Option<&mut RecurrentCache> {
+        self.recurrent.as_mut()
+    }
+
+    fn update_and_fetch_kv(&mut self, keys: &Array, values: &Array) -> Result<Fetched, Exception> {
         if self.recurrent.is_some() {
             return Err(Exception::custom(
                 "a recurrent layer keeps no keys and values",
             ));
         }
-        let held = write_at(&mut self.keys, &mut self.values, self.idx, keys, values)?;
+        let (k, v) = match self.quant {
+            None => (Planes::float(keys.clone()), Planes::float(values.clone())),
+            Some(q) => (Planes::quantize(keys, q)?, Planes::quantize(values, q)?),
+        };
+        let held = write_at(&mut self.keys, &mut self.values, self.idx, &k, &v)?;
         self.idx += keys.dim(2);
-        Ok(held)
+        fetched(held, self.quant)
     }
+}
 
-    fn recurrent(&mut self) -> Option<&mut RecurrentCache> {
-        self.recurrent.as_mut()
+/// Full-precision planes quantized (quantized ones as they are).
+fn quantize_float(p: &Planes, q: KvQuant) -> Result<Planes, Exception> {
+    match p.as_float() {
+        Some(a) => Planes::quantize(a, q),
+        None => Ok(p.clone()),
     }
 }
 
@@ -415,8 +513,18 @@ mod tests {
     #[test]
     fn join_pads_left_leave_compacts() {
         let mut b = BatchKvCache::new(CacheKind::Full);
-        b.extend(&seq(10.0, 3), &seq(10.0, 3), 3).unwrap();
-        b.extend(&seq(20.0, 5), &seq(20.0, 5), 5).unwrap();
+        b.extend(
+            &Planes::float(seq(10.0, 3)),
+            &Planes::float(seq(10.0, 3)),
+            3,
+        )
+        .unwrap();
+        b.extend(
+            &Planes::float(seq(20.0, 5)),
+            &Planes::float(seq(20.0, 5)),
+            5,
+        )
+        .unwrap();
         assert_eq!((b.rows(), b.idx()), (2, 5));
         assert_eq!(b.left_padding, vec![2, 0]);
         let Positions::PerRow(p) = b.positions().unwrap() else {

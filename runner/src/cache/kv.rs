@@ -3,39 +3,42 @@
 //! arrays and gives the same numbers).
 use mlx_rs::Array;
 use mlx_rs::error::Exception;
-use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
+use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::ops::{concatenate, zeros_dtype};
+
+use super::quantized::{KvQuant, Planes};
 
 /// Tokens added per growth step.
 pub const STEP: i32 = 256;
 
-/// Writes `keys`/`values` (`[B, H, L, D]`) into time slots `prev..prev + L`
-/// of the buffers, first growing them by whole [`STEP`]s when they are
-/// missing or too short, and returns slots `..prev + L`. Shared by the
-/// single-sequence and the batch caches.
+/// Writes `keys`/`values` (`[B, H, L, ...]` planes) into time slots
+/// `prev..prev + L` of the buffers, first growing them by whole [`STEP`]s
+/// when they are missing or too short, and returns slots `..prev + L`.
+/// Shared by the single-sequence and the batch caches, full precision or
+/// quantized (the new tokens already in the buffers' form).
 pub(super) fn write_at(
-    key_buf: &mut Option<Array>,
-    value_buf: &mut Option<Array>,
+    key_buf: &mut Option<Planes>,
+    value_buf: &mut Option<Planes>,
     prev: i32,
-    keys: &Array,
-    values: &Array,
-) -> Result<(Array, Array), Exception> {
-    let len = keys.dim(2);
-    let capacity = key_buf.as_ref().map_or(0, |k| k.dim(2));
+    keys: &Planes,
+    values: &Planes,
+) -> Result<(Planes, Planes), Exception> {
+    let len = keys.time();
+    let capacity = key_buf.as_ref().map_or(0, Planes::time);
     if key_buf.is_none() || prev + len > capacity {
         let steps = (STEP + len - 1) / STEP;
-        let grow = |x: &Array, held: Option<Array>| -> Result<Array, Exception> {
-            let shape = [x.dim(0), x.dim(1), steps * STEP, x.dim(3)];
-            let fresh = zeros_dtype(&shape, x.dtype())?;
+        let grow = |x: &Planes, held: Option<Planes>| -> Result<Planes, Exception> {
+            let fresh =
+                x.map(|x| zeros_dtype(&[x.dim(0), x.dim(1), steps * STEP, x.dim(3)], x.dtype()))?;
             match held {
                 None => Ok(fresh),
                 Some(held) => {
                     let held = if prev % STEP != 0 {
-                        held.try_index((.., .., ..prev, ..))?
+                        held.map(|h| h.try_index((.., .., ..prev, ..)))?
                     } else {
                         held
                     };
-                    concatenate(&[held, fresh], 2)
+                    held.zip_map(&fresh, |h, f| concatenate(&[h, f], 2))
                 }
             }
         };
@@ -46,26 +49,29 @@ pub(super) fn write_at(
     let (Some(k), Some(v)) = (key_buf.as_mut(), value_buf.as_mut()) else {
         unreachable!("buffers were allocated above")
     };
-    k.try_index_mut((.., .., prev..end, ..), keys)?;
-    v.try_index_mut((.., .., prev..end, ..), values)?;
-    if end < k.dim(2) {
+    k.write_slots(keys, prev..end)?;
+    v.write_slots(values, prev..end)?;
+    if end < k.time() {
         Ok((
-            k.try_index((.., .., ..end, ..))?,
-            v.try_index((.., .., ..end, ..))?,
+            k.map(|x| x.try_index((.., .., ..end, ..)))?,
+            v.map(|x| x.try_index((.., .., ..end, ..)))?,
         ))
     } else {
         Ok((k.clone(), v.clone()))
     }
 }
 
-/// Keys and values of one attention layer, `[B, kv_heads, capacity, head_dim]`.
-/// Cloning shares the buffers until either side writes (MLX arrays are
-/// immutable; an update makes a new buffer when the old one is shared).
+/// Keys and values of one attention layer, `[B, kv_heads, capacity, head_dim]`
+/// (or its quantized planes). Cloning shares the buffers until either side
+/// writes (MLX arrays are immutable; an update makes a new buffer when the
+/// old one is shared).
 #[derive(Default, Clone)]
 pub struct KvCache {
-    keys: Option<Array>,
-    values: Option<Array>,
+    keys: Option<Planes>,
+    values: Option<Planes>,
     offset: i32,
+    /// Set once the cache is quantized.
+    quant: Option<KvQuant>,
 }
 
 impl KvCache {
@@ -74,13 +80,25 @@ impl KvCache {
         Self::default()
     }
 
-    /// A cache over existing buffers (`[B, H, capacity, D]`) holding `offset` tokens.
-    pub fn from_buffers(keys: Array, values: Array, offset: i32) -> Self {
-        Self {
+    /// A cache over existing buffers (`[B, H, capacity, D]` planes) holding
+    /// `offset` tokens, quantized as `quant` says.
+    pub fn from_buffers(
+        keys: Planes,
+        values: Planes,
+        offset: i32,
+        quant: Option<KvQuant>,
+    ) -> Result<Self, Exception> {
+        if keys.is_quantized() != quant.is_some() || values.is_quantized() != quant.is_some() {
+            return Err(Exception::custom(
+                "KV buffers do not match their quantization",
+            ));
+        }
+        Ok(Self {
             keys: Some(keys),
             values: Some(values),
             offset,
-        }
+            quant,
+        })
     }
 
     /// Tokens held.
@@ -88,20 +106,67 @@ impl KvCache {
         self.offset
     }
 
+    /// How the buffers are quantized (`None`: full precision).
+    pub fn quant(&self) -> Option<KvQuant> {
+        self.quant
+    }
+
     /// The whole buffers (capacity, not just the `offset` tokens held), if any.
-    pub fn buffers(&self) -> Option<(&Array, &Array)> {
+    pub fn buffers(&self) -> Option<(&Planes, &Planes)> {
         Some((self.keys.as_ref()?, self.values.as_ref()?))
     }
 
-    /// Appends `keys`/`values` (`[B, H, L, D]`) and returns everything held so far.
+    /// Appends `keys`/`values` (`[B, H, L, D]`, full precision; quantized
+    /// here when the cache is) and returns everything held so far.
+    pub fn update_and_fetch_planes(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<(Planes, Planes), Exception> {
+        let (k, v) = match self.quant {
+            None => (Planes::float(keys.clone()), Planes::float(values.clone())),
+            Some(q) => (Planes::quantize(keys, q)?, Planes::quantize(values, q)?),
+        };
+        let held = write_at(&mut self.keys, &mut self.values, self.offset, &k, &v)?;
+        self.offset += keys.dim(2);
+        Ok(held)
+    }
+
+    /// [`KvCache::update_and_fetch_planes`] for a full-precision cache.
     pub fn update_and_fetch(
         &mut self,
         keys: &Array,
         values: &Array,
     ) -> Result<(Array, Array), Exception> {
-        let held = write_at(&mut self.keys, &mut self.values, self.offset, keys, values)?;
-        self.offset += keys.dim(2);
-        Ok(held)
+        if self.quant.is_some() {
+            return Err(not_quantizable());
+        }
+        let (k, v) = self.update_and_fetch_planes(keys, values)?;
+        match (k.as_float(), v.as_float()) {
+            (Some(k), Some(v)) => Ok((k.clone(), v.clone())),
+            _ => Err(not_quantizable()),
+        }
+    }
+
+    /// The same tokens quantized (mlx-lm's `KVCache.to_quantized`: the whole
+    /// buffers, so the layout is the one mlx-lm attends over); a quantized
+    /// cache is returned as it is.
+    pub fn to_quantized(&self, q: KvQuant) -> Result<Self, Exception> {
+        if self.quant.is_some() {
+            return Ok(self.clone());
+        }
+        let quantized = |p: &Option<Planes>| -> Result<Option<Planes>, Exception> {
+            match p.as_ref().and_then(Planes::as_float) {
+                Some(a) => Ok(Some(Planes::quantize(a, q)?)),
+                None => Ok(None),
+            }
+        };
+        Ok(Self {
+            keys: quantized(&self.keys)?,
+            values: quantized(&self.values)?,
+            offset: self.offset,
+            quant: Some(q),
+        })
     }
 
     /// Forgets the last `n` tokens (the buffers stay); returns how many went.
@@ -113,13 +178,21 @@ impl KvCache {
 
     /// The buffers, for evaluation after a prefill chunk.
     pub fn arrays(&self) -> impl Iterator<Item = &Array> {
-        self.keys.iter().chain(self.values.iter())
+        self.keys
+            .iter()
+            .chain(self.values.iter())
+            .flat_map(|p| p.parts().iter())
     }
 
     /// Bytes held by the buffers (their capacity, not just the used part).
     pub fn nbytes(&self) -> usize {
         self.arrays().map(Array::nbytes).sum()
     }
+}
+
+/// A layer that reads keys and values as full-precision arrays only.
+pub(super) fn not_quantizable() -> Exception {
+    Exception::custom("this layer cannot attend over a quantized KV cache")
 }
 
 #[cfg(test)]

@@ -7,7 +7,8 @@ use mlx_rs::Array;
 use mlx_rs::error::Exception;
 
 use super::{
-    AttentionMask, CacheKind, KvCache, LayerCache, Positions, RecurrentCache, RotatingKvCache,
+    AttentionMask, CacheKind, Fetched, KvCache, KvQuant, KvSetting, LayerCache, Positions,
+    RecurrentCache, RotatingKvCache,
 };
 
 /// A sequence's cache of one layer. Cloning shares the buffers until either
@@ -65,6 +66,29 @@ impl LayerKv {
             LayerKv::Window(c) => c.rewind(drop),
             LayerKv::Recurrent(_) => Ok(drop == 0),
         }
+    }
+
+    /// How its keys and values are quantized (`None`: full precision, or
+    /// no keys at all).
+    pub fn quant(&self) -> Option<KvQuant> {
+        match self {
+            LayerKv::Full(c) => c.quant(),
+            LayerKv::Window(_) | LayerKv::Recurrent(_) => None,
+        }
+    }
+
+    /// Quantizes a full-attention layer's keys and values when `setting`
+    /// asks for it and the layer holds at least its start (mlx-lm's
+    /// `maybe_quantize_kv_cache`); other layers stay as they are (a window
+    /// with a setting is refused before it gets here).
+    pub fn maybe_quantize(&mut self, setting: Option<KvSetting>) -> Result<(), Exception> {
+        if let (Some(s), LayerKv::Full(c)) = (setting, &*self)
+            && c.quant().is_none()
+            && c.offset() as usize >= s.start
+        {
+            *self = LayerKv::Full(c.to_quantized(s.quant)?);
+        }
+        Ok(())
     }
 
     /// The windowed layer's cache, if this is one.
@@ -130,6 +154,15 @@ impl LayerCache for LayerKv {
         match self {
             LayerKv::Recurrent(c) => Some(c),
             _ => None,
+        }
+    }
+
+    fn update_and_fetch_kv(&mut self, keys: &Array, values: &Array) -> Result<Fetched, Exception> {
+        match self {
+            LayerKv::Full(c) => c.update_and_fetch_kv(keys, values),
+            _ => self
+                .update_and_fetch(keys, values)
+                .map(|(k, v)| Fetched::Float(k, v)),
         }
     }
 }

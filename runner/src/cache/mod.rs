@@ -4,11 +4,13 @@
 //! left-padded buffer of a decode batch ([`batch::BatchKvCache`], mlx-lm's
 //! `BatchKVCache`, which also keeps only a window for windowed layers), and
 //! the state of a recurrent layer ([`recurrent::RecurrentCache`], mlx-lm's
-//! `ArraysCache`), alone or in a batch. Layers read any of them through
-//! [`LayerCache`].
+//! `ArraysCache`), alone or in a batch. Full-attention layers' keys and
+//! values may be quantized ([`quantized`], mlx-lm's `QuantizedKVCache`).
+//! Layers read any of them through [`LayerCache`].
 pub mod batch;
 pub mod kv;
 pub mod layer;
+pub mod quantized;
 pub mod recurrent;
 pub mod rotating;
 
@@ -19,6 +21,7 @@ use mlx_rs::fast::ScaledDotProductAttentionMask;
 pub use batch::BatchKvCache;
 pub use kv::KvCache;
 pub use layer::LayerKv;
+pub use quantized::{Fetched, KvQuant, KvSetting, Planes};
 pub use recurrent::RecurrentCache;
 pub use rotating::RotatingKvCache;
 
@@ -96,6 +99,30 @@ pub trait LayerCache {
     ) -> Result<(Array, Array), Exception>;
     /// A recurrent layer's state; `None` for an attention layer's cache.
     fn recurrent(&mut self) -> Option<&mut RecurrentCache>;
+    /// [`LayerCache::update_and_fetch`] that also gives quantized keys and
+    /// values as they are held (a layer that attends over them directly).
+    fn update_and_fetch_kv(&mut self, keys: &Array, values: &Array) -> Result<Fetched, Exception> {
+        let (k, v) = self.update_and_fetch(keys, values)?;
+        Ok(Fetched::Float(k, v))
+    }
+}
+
+/// Full-precision or quantized planes as attention takes them.
+pub(crate) fn fetched(
+    (keys, values): (Planes, Planes),
+    quant: Option<KvQuant>,
+) -> Result<Fetched, Exception> {
+    match quant {
+        Some(quant) => Ok(Fetched::Quantized {
+            keys,
+            values,
+            quant,
+        }),
+        None => match (keys.as_float(), values.as_float()) {
+            (Some(k), Some(v)) => Ok(Fetched::Float(k.clone(), v.clone())),
+            _ => Err(kv::not_quantizable()),
+        },
+    }
 }
 
 impl LayerCache for KvCache {
@@ -122,5 +149,10 @@ impl LayerCache for KvCache {
 
     fn recurrent(&mut self) -> Option<&mut RecurrentCache> {
         None
+    }
+
+    fn update_and_fetch_kv(&mut self, keys: &Array, values: &Array) -> Result<Fetched, Exception> {
+        let held = self.update_and_fetch_planes(keys, values)?;
+        fetched(held, self.quant())
     }
 }

@@ -8,10 +8,17 @@
 //! the entry is in the way it is dropped; otherwise the request waits until a
 //! sequence leaves. A request alone always fits (its context is at most the
 //! capacity). A new sequence starts from the entry's common prefix.
+//!
+//! Every sequence in flight shares one KV setting (the batch's layers hold
+//! one form): a request that asks for another waits until they are done.
+//! The capacity is counted in tokens of the runner's setting; a request of
+//! a larger one reserves proportionally more.
 use super::sequence::{Client, Pending, Sequence, Spec};
 use super::worker::{Loaded, Prefilling, State, Worker};
-use super::{Event, Job, Request};
+use super::{Event, Job, KvChoice, Request};
+use crate::cache::KvSetting;
 use crate::error::{Result, RunnerError};
+use crate::memory::kv_bytes_per_token;
 use crate::sample::Sampler;
 
 pub(super) fn refuse(request: Request, error: impl Fn() -> RunnerError) {
@@ -43,8 +50,14 @@ impl Worker {
             if s.active() >= l.parallel {
                 return;
             }
+            let kv = kv_of(l, request);
+            if let Some(active) = active_kv(s)
+                && active != kv
+            {
+                return; // Waits for the other setting's sequences to end.
+            }
             let reserve = match request {
-                Request::Generate { job, .. } => self.reserve(l, job),
+                Request::Generate { job, .. } => scaled(l, self.reserve(l, job), kv),
                 Request::Prewarm { prompt, .. } => prompt.len(),
                 Request::Stop => 0,
             };
@@ -98,13 +111,13 @@ impl Worker {
     #[allow(clippy::result_large_err)]
     fn start(
         &self,
-        l: &Loaded,
+        l: &mut Loaded,
         request: Request,
     ) -> std::result::Result<Option<Prefilling>, (Client, RunnerError)> {
         let (client, prompt, job, slot) = match request {
             Request::Generate { job, events, slot } => {
                 let prompt = job.input.clone();
-                (Client::Generate(events), prompt, Some(job), slot)
+                (Client::Generate(events), prompt, Some(*job), slot)
             }
             Request::Prewarm {
                 prompt,
@@ -120,6 +133,15 @@ impl Worker {
         let checked = check_prompt(&prompt, context, l.model.dims.vocab as u32, job.is_none());
         if let Err(e) = checked {
             return Err((client, e));
+        }
+        let kv = match job.as_ref().map(|j| j.kv) {
+            Some(KvChoice::Exactly(kv)) => kv,
+            _ => l.kv,
+        };
+        if let Some(setting) = kv
+            && let Err(why) = l.model.check_kv_quant(setting.quant)
+        {
+            return Err((client, RunnerError::Request(why)));
         }
         let (sampler, chunk, max_tokens, stops) = match &job {
             Some(job) => {
@@ -154,7 +176,19 @@ impl Worker {
         {
             return Ok(None);
         }
-        let (cached, caches) = l.cache.share_prefix(&prompt);
+        let (mut cached, mut caches) = l.cache.share_prefix(&prompt, kv);
+        // A stored entry that shares more of the prompt replaces the one
+        // in memory (which is on disk already, written when it was made).
+        let mut from_disk = 0;
+        if let Some(disk) = l.disk.as_mut()
+            && let Some((n, i)) = disk.best(&prompt, kv)
+            && n > cached
+            && let Some((tokens, layers)) = disk.load(i, l.model.kinds())
+        {
+            l.cache.replace(tokens, layers, None, kv);
+            (cached, caches) = l.cache.share_prefix(&prompt, kv);
+            from_disk = cached;
+        }
         let spec = Spec {
             client,
             prompt,
@@ -166,14 +200,47 @@ impl Worker {
             table: l.table.clone(),
             stops,
             slot: Some(slot),
+            kv,
         };
         match Sequence::new(spec) {
-            Ok(sequence) => Ok(Some(Prefilling { sequence, caches })),
+            Ok(mut sequence) => {
+                sequence.cached_from_disk = from_disk;
+                Ok(Some(Prefilling { sequence, caches }))
+            }
             // Only an empty stop string can fail here, and the request layer
             // refuses those first.
             Err(_) => Ok(None),
         }
     }
+}
+
+/// The KV setting a request will run with.
+fn kv_of(l: &Loaded, request: &Request) -> Option<KvSetting> {
+    match request {
+        Request::Generate { job, .. } => match job.kv {
+            KvChoice::Exactly(kv) => kv,
+            KvChoice::Runner => l.kv,
+        },
+        Request::Prewarm { .. } | Request::Stop => l.kv,
+    }
+}
+
+/// The setting of the sequences in flight (`None` when there are none).
+fn active_kv(s: &State) -> Option<Option<KvSetting>> {
+    s.prefilling_rows()
+        .map(|r| r.kv)
+        .next()
+        .or_else(|| s.batch.kv())
+}
+
+/// `tokens` of a request's setting counted in tokens of the runner's.
+fn scaled(l: &Loaded, tokens: usize, kv: Option<KvSetting>) -> usize {
+    if kv == l.kv {
+        return tokens;
+    }
+    let runner = kv_bytes_per_token(&l.model, l.kv.map(|k| k.quant)).max(1);
+    let mine = kv_bytes_per_token(&l.model, kv.map(|k| k.quant));
+    ((tokens as u128 * mine as u128).div_ceil(runner as u128)).min(usize::MAX as u128) as usize
 }
 
 fn fail(client: Client, e: RunnerError) -> Option<Pending> {

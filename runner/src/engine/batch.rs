@@ -13,7 +13,7 @@ use mlx_rs::{Array, Dtype};
 
 use super::prompt_cache::Checkpoint;
 use super::sequence::{Progress, Sequence};
-use crate::cache::{BatchKvCache, CacheKind, LayerKv};
+use crate::cache::{BatchKvCache, CacheKind, KvSetting, LayerKv};
 use crate::error::{MlxPhase, Result};
 use crate::generate::FinishReason;
 use crate::model::Model;
@@ -37,6 +37,8 @@ pub struct Batch {
     /// The tokens to feed next, `[B]` uint32: each row's last sampled token,
     /// not yet fed and not yet read back.
     next: Option<Array>,
+    /// The KV setting every row shares (taken from the first to join).
+    kv: Option<KvSetting>,
 }
 
 impl Batch {
@@ -46,7 +48,13 @@ impl Batch {
             layers: kinds.iter().map(|&k| BatchKvCache::new(k)).collect(),
             rows: Vec::new(),
             next: None,
+            kv: None,
         }
+    }
+
+    /// The KV setting of the rows, while there are any.
+    pub fn kv(&self) -> Option<Option<KvSetting>> {
+        (!self.rows.is_empty()).then_some(self.kv)
     }
 
     /// Sequences decoding.
@@ -101,6 +109,9 @@ impl Batch {
         caches: Vec<LayerKv>,
         first: Option<Array>,
     ) -> Result<()> {
+        if self.rows.is_empty() {
+            self.kv = sequence.kv;
+        }
         for (layer, cache) in self.layers.iter_mut().zip(&caches) {
             layer.extend_from(cache).phase("joining the batch")?;
         }
@@ -129,6 +140,11 @@ impl Batch {
     /// last token in `layers`); each row's next input is its last prompt
     /// token, as with [`Batch::join`] and `None`.
     pub fn join_group(&mut self, rows: Vec<Sequence>, layers: Vec<BatchKvCache>) -> Result<()> {
+        if self.rows.is_empty()
+            && let Some(first) = rows.first()
+        {
+            self.kv = first.kv;
+        }
         for (layer, group) in self.layers.iter_mut().zip(&layers) {
             layer.merge(group).phase("joining the batch")?;
         }
@@ -169,6 +185,9 @@ impl Batch {
             .decoder
             .forward(&inputs, &mut self.layers)
             .phase("decode")?;
+        for layer in &mut self.layers {
+            layer.maybe_quantize(self.kv).phase("decode")?;
+        }
         let last = hidden.try_index((.., -1, ..)).phase("decode")?;
         let logits = model.decoder.logits(&last).phase("decode")?;
         // 2. Sample every row: one argmax when all are plain greedy, else

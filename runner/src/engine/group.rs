@@ -52,8 +52,9 @@ impl Group {
         if !prefilling.front().is_some_and(fresh) {
             return None;
         }
+        let kv = prefilling.front().map(|p| p.sequence.kv);
         let picked: Vec<usize> = (0..prefilling.len())
-            .filter(|&i| fresh(&prefilling[i]))
+            .filter(|&i| fresh(&prefilling[i]) && Some(prefilling[i].sequence.kv) == kv)
             .take(GROUP_MAX)
             .collect();
         if picked.len() < 2 {
@@ -140,6 +141,14 @@ impl Group {
             .forward(&chunk, &mut self.layers)
             .phase("prefill")?;
         drop(hidden);
+        // Quantized at the request's chunk boundaries and at the end, as a
+        // prompt prefilled alone is (see the worker's `advance`).
+        if end.is_multiple_of(self.chunk) || end == self.len {
+            let kv = self.rows.first().and_then(|r| r.kv);
+            for layer in &mut self.layers {
+                layer.maybe_quantize(kv).phase("prefill")?;
+            }
+        }
         eval(self.arrays()).phase("prefill")?;
         mlx_rs::memory::clear_cache().phase("prefill")?;
         self.done = end;

@@ -6,6 +6,7 @@
 //! they never wait behind a prefill.
 mod admission;
 pub mod batch;
+pub mod disk;
 mod group;
 pub mod prompt_cache;
 pub mod sequence;
@@ -20,6 +21,7 @@ use std::time::Duration;
 use mlx_rs::Array;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 
+use crate::cache::KvSetting;
 use crate::chat::ChatParts;
 use crate::error::{Result, RunnerError};
 use crate::generate::{FinishReason, GenerateParams};
@@ -44,6 +46,22 @@ pub struct EngineConfig {
     pub kv_capacity: Option<usize>,
     /// Dtypes on the CPU backend.
     pub cpu_dtypes: crate::model::CpuDtypes,
+    /// The KV cache of requests that do not choose one
+    /// (GROVE_KV_CACHE_TYPE): full precision, or quantized from a start.
+    pub kv: Option<KvSetting>,
+    /// The SSD tier behind the prompt cache (GROVE_KV_DIR, GROVE_KV_DISK);
+    /// `None`: off.
+    pub disk: Option<disk::DiskConfig>,
+}
+
+/// The KV cache a job asks for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KvChoice {
+    /// The runner's ([`EngineConfig::kv`]).
+    #[default]
+    Runner,
+    /// Full precision (`None`) or quantized as given.
+    Exactly(Option<KvSetting>),
 }
 
 /// Where loading stands.
@@ -97,6 +115,12 @@ pub struct MemoryFigures {
     pub mlx_active: u64,
     pub mlx_cache: u64,
     pub mlx_peak: u64,
+    /// The runner's KV setting in effect.
+    pub kv: Option<KvSetting>,
+    /// The SSD tier: this model's entries and their bytes, and the budget.
+    pub disk_entries: usize,
+    pub disk_bytes: u64,
+    pub disk_budget: u64,
 }
 
 /// What the engine publishes for Health and Status.
@@ -131,6 +155,8 @@ pub struct Job {
     /// 0 = the engine's context.
     pub num_ctx: usize,
     pub stop: Vec<String>,
+    /// Its KV cache.
+    pub kv: KvChoice,
 }
 
 /// Counters of one generation.
@@ -138,6 +164,8 @@ pub struct Job {
 pub struct Metrics {
     pub prompt_tokens: usize,
     pub cached_prompt_tokens: usize,
+    /// Of `cached_prompt_tokens`: loaded from the SSD tier.
+    pub cached_from_disk: usize,
     pub prompt_eval: Duration,
     pub eval_tokens: usize,
     pub eval: Duration,
@@ -164,7 +192,7 @@ pub type Inspector = Box<dyn Fn(&[&Array]) + Send>;
 
 enum Request {
     Generate {
-        job: Job,
+        job: Box<Job>,
         events: mpsc::Sender<Event>,
         slot: OwnedSemaphorePermit,
     },
@@ -206,6 +234,9 @@ pub struct Engine {
     stopping: Arc<AtomicBool>,
     queue: usize,
     slots: Arc<Semaphore>,
+    /// The SSD tier's counts, kept by its writer thread.
+    disk: Arc<disk::DiskStats>,
+    disk_budget: u64,
 }
 
 impl Engine {
@@ -237,6 +268,9 @@ impl Engine {
         let (parts_tx, parts) = watch::channel(None);
         let stopping = Arc::new(AtomicBool::new(false));
         let worker_stopping = stopping.clone();
+        let disk = Arc::new(disk::DiskStats::default());
+        let disk_budget = config.disk.as_ref().map_or(0, |d| d.budget);
+        let worker_disk = disk.clone();
         let thread = std::thread::Builder::new()
             .name("grove-engine".into())
             .spawn(move || {
@@ -245,6 +279,7 @@ impl Engine {
                     snapshot: snap_tx,
                     parts: parts_tx,
                     stopping: worker_stopping,
+                    disk: worker_disk,
                 };
                 worker.run(rx, inspect)
             })?;
@@ -256,6 +291,8 @@ impl Engine {
                 stopping,
                 queue,
                 slots,
+                disk,
+                disk_budget,
             },
             thread,
         ))
@@ -297,7 +334,12 @@ impl Engine {
 
     /// The latest snapshot (never waits for the engine).
     pub fn snapshot(&self) -> Snapshot {
-        self.snapshot.borrow().clone()
+        let mut s = self.snapshot.borrow().clone();
+        // Live: the writer thread counts after each write.
+        s.memory.disk_entries = self.disk.entries.load(Ordering::Relaxed) as usize;
+        s.memory.disk_bytes = self.disk.bytes.load(Ordering::Relaxed);
+        s.memory.disk_budget = self.disk_budget;
+        s
     }
 
     /// A place for one more request: `parallel` of them run, `queue` more
@@ -320,7 +362,11 @@ impl Engine {
     pub fn generate(&self, job: Job) -> std::result::Result<mpsc::Receiver<Event>, SubmitError> {
         let (events, rx) = mpsc::channel(64);
         let slot = self.slot()?;
-        self.submit(Request::Generate { job, events, slot })?;
+        self.submit(Request::Generate {
+            job: Box::new(job),
+            events,
+            slot,
+        })?;
         Ok(rx)
     }
 

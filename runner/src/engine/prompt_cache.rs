@@ -19,10 +19,16 @@
 //! its layers, sharing buffers with the entry until they diverge), so a
 //! conversation that begins with it hits even after other conversations
 //! replaced the entry, and even on a model whose layers cannot go back.
+//!
+//! The entry keeps the KV cache setting it was made with (full precision,
+//! or quantized from a start) and its layers as they are, quantized or
+//! not; a request is given a prefix only from an entry of its own setting
+//! (a quantized entry cannot be made full precision again, and quantizing a
+//! full-precision one would not give what the request computes alone).
 use mlx_rs::Array;
 use mlx_rs::error::Exception;
 
-use crate::cache::{BatchKvCache, CacheKind, LayerKv};
+use crate::cache::{BatchKvCache, CacheKind, KvSetting, LayerKv};
 
 /// The layers of a sequence that cannot go back (windowed and recurrent)
 /// as they were at a reuse point: after its first `tokens` tokens.
@@ -103,8 +109,11 @@ pub struct PromptCache {
     tokens: Vec<u32>,
     layers: Vec<LayerKv>,
     checkpoint: Option<Checkpoint>,
-    /// The last prewarmed system prompt: its tokens and layers.
-    prewarm: Option<(Vec<u32>, Vec<LayerKv>)>,
+    /// The KV setting the entry was made with.
+    kv: Option<KvSetting>,
+    /// The last prewarmed system prompt: its tokens and layers, and their
+    /// KV setting.
+    prewarm: Option<(Vec<u32>, Vec<LayerKv>, Option<KvSetting>)>,
 }
 
 impl PromptCache {
@@ -115,25 +124,48 @@ impl PromptCache {
             tokens: Vec::new(),
             layers: LayerKv::fresh(kinds),
             checkpoint: None,
+            kv: None,
             prewarm: None,
         }
     }
 
     /// Keeps a prewarmed system prompt's layers (`tokens` of them) for
     /// every later conversation that begins with it.
-    pub fn set_prewarm(&mut self, tokens: Vec<u32>, layers: Vec<LayerKv>) {
-        self.prewarm = (!tokens.is_empty()).then_some((tokens, layers));
+    pub fn set_prewarm(&mut self, tokens: Vec<u32>, layers: Vec<LayerKv>, kv: Option<KvSetting>) {
+        self.prewarm = (!tokens.is_empty()).then_some((tokens, layers, kv));
     }
 
     /// Tokens the prewarmed system prompt gives `prompt` (0 unless the
-    /// prompt begins with it and goes on past it).
-    fn prewarm_reuse(&self, prompt: &[u32]) -> usize {
+    /// prompt begins with it and goes on past it, under the same setting).
+    fn prewarm_reuse(&self, prompt: &[u32], kv: Option<KvSetting>) -> usize {
         match &self.prewarm {
-            Some((tokens, _)) if tokens.len() < prompt.len() && prompt.starts_with(tokens) => {
+            Some((tokens, _, made))
+                if *made == kv && tokens.len() < prompt.len() && prompt.starts_with(tokens) =>
+            {
                 tokens.len()
             }
             _ => 0,
         }
+    }
+
+    /// The KV setting of the entry.
+    pub fn kv(&self) -> Option<KvSetting> {
+        self.kv
+    }
+
+    /// The entry's layers.
+    pub fn layers(&self) -> &[LayerKv] {
+        &self.layers
+    }
+
+    /// The entry's tokens.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The checkpoint, if any.
+    pub fn checkpoint(&self) -> Option<&Checkpoint> {
+        self.checkpoint.as_ref()
     }
 
     /// Tokens held.
@@ -144,7 +176,7 @@ impl PromptCache {
     /// Tokens held, the prewarmed prompt's included: what the KV budget
     /// counts.
     pub fn footprint(&self) -> usize {
-        self.tokens.len() + self.prewarm.as_ref().map_or(0, |(t, _)| t.len())
+        self.tokens.len() + self.prewarm.as_ref().map_or(0, |(t, _, _)| t.len())
     }
 
     /// True when nothing is held.
@@ -160,7 +192,7 @@ impl PromptCache {
             + self
                 .prewarm
                 .as_ref()
-                .map_or(0, |(_, l)| l.iter().map(LayerKv::nbytes).sum())
+                .map_or(0, |(_, l, _)| l.iter().map(LayerKv::nbytes).sum())
     }
 
     /// Bytes of the checkpoint alone.
@@ -220,17 +252,20 @@ impl PromptCache {
     /// so the entry stays whole for the next request. Where a windowed layer
     /// cannot go back to the common prefix, the checkpoint is used if it
     /// lies within it. Returns the tokens reused and the caches.
-    pub fn share_prefix(&self, prompt: &[u32]) -> (usize, Vec<LayerKv>) {
-        let (n, caches) = self.share_entry(prompt);
-        let warm = self.prewarm_reuse(prompt);
+    pub fn share_prefix(&self, prompt: &[u32], kv: Option<KvSetting>) -> (usize, Vec<LayerKv>) {
+        let (n, caches) = self.share_entry(prompt, kv);
+        let warm = self.prewarm_reuse(prompt, kv);
         match &self.prewarm {
-            Some((_, layers)) if warm > n => (warm, layers.clone()),
+            Some((_, layers, _)) if warm > n => (warm, layers.clone()),
             _ => (n, caches),
         }
     }
 
     /// [`PromptCache::share_prefix`] from the entry alone.
-    fn share_entry(&self, prompt: &[u32]) -> (usize, Vec<LayerKv>) {
+    fn share_entry(&self, prompt: &[u32], kv: Option<KvSetting>) -> (usize, Vec<LayerKv>) {
+        if kv != self.kv {
+            return (0, LayerKv::fresh(&self.kinds));
+        }
         let common = self.common(prompt);
         if common > 0 {
             if let Some(caches) = self.rewound(common) {
@@ -249,25 +284,27 @@ impl PromptCache {
     }
 
     /// Tokens a prompt would reuse (see [`PromptCache::share_prefix`]).
-    pub fn reusable(&self, prompt: &[u32]) -> usize {
-        self.share_prefix(prompt).0
+    pub fn reusable(&self, prompt: &[u32], kv: Option<KvSetting>) -> usize {
+        self.share_prefix(prompt, kv).0
     }
 
     /// Prepares the entry itself for `prompt` (a generation that extends it
     /// in place): keeps what [`PromptCache::share_prefix`] would share, drops
     /// the rest, and returns how many tokens are reused.
-    pub fn reuse_for(&mut self, prompt: &[u32]) -> usize {
-        let (keep, caches) = self.share_entry(prompt);
-        let warm = self.prewarm_reuse(prompt);
+    pub fn reuse_for(&mut self, prompt: &[u32], kv: Option<KvSetting>) -> usize {
+        let (keep, caches) = self.share_entry(prompt, kv);
+        let warm = self.prewarm_reuse(prompt, kv);
         if warm > keep
-            && let Some((tokens, layers)) = &self.prewarm
+            && let Some((tokens, layers, _)) = &self.prewarm
         {
             // The prewarmed prompt serves, not the entry (nor its checkpoint).
             self.layers = layers.clone();
             self.tokens = tokens.clone();
             self.checkpoint = None;
+            self.kv = kv;
             return warm;
         }
+        self.kv = kv;
         self.layers = caches;
         self.tokens.truncate(keep);
         if self.checkpoint.as_ref().is_some_and(|cp| cp.tokens > keep) {
@@ -284,7 +321,9 @@ impl PromptCache {
         tokens: Vec<u32>,
         caches: Vec<LayerKv>,
         checkpoint: Option<Checkpoint>,
+        kv: Option<KvSetting>,
     ) {
+        self.kv = kv;
         debug_assert_eq!(caches.len(), self.layers.len());
         let held = caches.first().map_or(0, LayerKv::offset) as usize;
         self.layers = caches;
@@ -302,7 +341,7 @@ impl PromptCache {
             .chain(
                 self.prewarm
                     .iter()
-                    .flat_map(|(_, l)| l.iter().flat_map(LayerKv::arrays)),
+                    .flat_map(|(_, l, _)| l.iter().flat_map(LayerKv::arrays)),
             )
     }
 
@@ -357,7 +396,7 @@ mod tests {
         let mut c = PromptCache::new(&[CacheKind::Full; 2]);
         fill(&mut c, &[1, 2, 3, 4, 5]);
         // Same length, different content after 2 tokens: only 2 reused.
-        assert_eq!(c.reuse_for(&[1, 2, 9, 9, 9]), 2);
+        assert_eq!(c.reuse_for(&[1, 2, 9, 9, 9], None), 2);
         assert_eq!(c.len(), 2);
         assert_eq!(c.layers_mut()[1].offset(), 2);
     }
@@ -366,17 +405,17 @@ mod tests {
     fn identical_prompt_reevaluates_one_token() {
         let mut c = PromptCache::new(&[CacheKind::Full]);
         fill(&mut c, &[7, 8, 9]);
-        assert_eq!(c.reuse_for(&[7, 8, 9]), 2);
-        assert_eq!(c.reuse_for(&[7]), 0);
+        assert_eq!(c.reuse_for(&[7, 8, 9], None), 2);
+        assert_eq!(c.reuse_for(&[7], None), 0);
     }
 
     #[test]
     fn longer_conversation_reuses_all_held() {
         let mut c = PromptCache::new(&[CacheKind::Full]);
         fill(&mut c, &[1, 2, 3]);
-        assert_eq!(c.reuse_for(&[1, 2, 3, 4, 5]), 3);
+        assert_eq!(c.reuse_for(&[1, 2, 3, 4, 5], None), 3);
         // A different first token is a miss, whatever the length.
-        assert_eq!(c.reuse_for(&[9, 2, 3, 4, 5, 6]), 0);
+        assert_eq!(c.reuse_for(&[9, 2, 3, 4, 5, 6], None), 0);
         assert_eq!(c.len(), 0);
     }
 
@@ -384,16 +423,16 @@ mod tests {
     fn shared_prefix_leaves_the_entry_whole() {
         let mut c = PromptCache::new(&[CacheKind::Full; 2]);
         fill(&mut c, &[1, 2, 3, 4, 5]);
-        let (n, mut caches) = c.share_prefix(&[1, 2, 3, 9]);
+        let (n, mut caches) = c.share_prefix(&[1, 2, 3, 9], None);
         assert_eq!(n, 3);
         assert_eq!(caches[0].offset(), 3);
         let kv = Array::from_slice(&[9.0f32; 4], &[1, 1, 1, 4]);
         caches[0].update_and_fetch(&kv, &kv).unwrap();
         assert_eq!(c.len(), 5);
         assert_eq!(c.layers_mut()[0].offset(), 5);
-        let (n, caches) = c.share_prefix(&[8, 1]);
+        let (n, caches) = c.share_prefix(&[8, 1], None);
         assert_eq!((n, caches[0].offset(), caches.len()), (0, 0, 2));
-        c.replace(vec![4, 4, 4], caches, None);
+        c.replace(vec![4, 4, 4], caches, None, None);
         assert_eq!(c.len(), 0, "only what the caches hold is recorded");
     }
 
@@ -434,19 +473,19 @@ mod tests {
             }
         }
         let all: Vec<u32> = prompt.iter().chain(&answer).copied().collect();
-        c.replace(all.clone(), caches, Some(checkpoint));
+        c.replace(all.clone(), caches, Some(checkpoint), None);
         assert_eq!(c.len(), 10);
 
         // The next turn continues the whole entry: all of it.
         let mut next = all.clone();
         next.push(11);
-        let (n, shared) = c.share_prefix(&next);
+        let (n, shared) = c.share_prefix(&next, None);
         assert_eq!((n, shared[1].offset()), (10, 10));
 
         // A branch 3 tokens back: the window of 4 has evicted what token 8
         // needs, so the checkpoint at the end of the prompt serves.
         let branch: Vec<u32> = all[..7].iter().copied().chain([42, 43]).collect();
-        let (n, shared) = c.share_prefix(&branch);
+        let (n, shared) = c.share_prefix(&branch, None);
         assert_eq!(n, 6);
         assert_eq!((shared[0].offset(), shared[1].offset()), (6, 6));
         let window = shared[1].as_window().expect("a window");
@@ -461,7 +500,7 @@ mod tests {
         );
 
         // A branch before the checkpoint: nothing to reuse.
-        let (n, _) = c.share_prefix(&[1, 2, 3, 99, 100]);
+        let (n, _) = c.share_prefix(&[1, 2, 3, 99, 100], None);
         assert_eq!(n, 0);
         // The entry itself is whole: its bytes count the checkpoint.
         assert_eq!(c.len(), 10);

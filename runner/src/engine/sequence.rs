@@ -11,6 +11,7 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
 
 use super::prompt_cache::Checkpoint;
 use super::{Event, Metrics, Prewarmed};
+use crate::cache::KvSetting;
 use crate::detokenize::{Detokenizer, TokenTable};
 use crate::error::{Result, RunnerError};
 use crate::generate::FinishReason;
@@ -41,6 +42,8 @@ pub struct Sequence {
     pub prompt: Vec<u32>,
     /// Prompt tokens reused from the prompt cache.
     pub cached: usize,
+    /// Of `cached`: loaded from the SSD tier.
+    pub cached_from_disk: usize,
     /// Prompt tokens evaluated into its cache so far (prefill progress).
     pub prefilled: usize,
     /// Tokens per prefill forward pass.
@@ -66,6 +69,8 @@ pub struct Sequence {
     /// The windowed layers at the end of the prompt (models with sliding
     /// windows), for the prompt cache.
     pub checkpoint: Option<Checkpoint>,
+    /// Its KV cache: full precision, or quantized from a start.
+    pub kv: Option<KvSetting>,
     /// Text waiting for a client that reads slowly (never blocks the batch).
     outbox: String,
     stopped_by_string: bool,
@@ -85,6 +90,7 @@ pub struct Spec {
     /// The request's place in the runner (parallel + queue); freed when the
     /// sequence is dropped.
     pub slot: Option<OwnedSemaphorePermit>,
+    pub kv: Option<KvSetting>,
 }
 
 impl Sequence {
@@ -98,6 +104,7 @@ impl Sequence {
         Ok(Self {
             client: spec.client,
             cached: spec.cached,
+            cached_from_disk: 0,
             prefilled: spec.cached,
             chunk: spec.chunk.max(1),
             max_tokens: spec.max_tokens,
@@ -112,6 +119,7 @@ impl Sequence {
             first_at: None,
             prompt_pending: false,
             checkpoint: None,
+            kv: spec.kv,
             outbox: String::new(),
             stopped_by_string: false,
             prompt: spec.prompt,
@@ -236,6 +244,7 @@ impl Sequence {
         Metrics {
             prompt_tokens: self.prompt.len(),
             cached_prompt_tokens: self.cached,
+            cached_from_disk: self.cached_from_disk,
             prompt_eval,
             eval_tokens: self.tokens.len(),
             eval: self.first_at.map_or(Duration::ZERO, |t| t.elapsed()),

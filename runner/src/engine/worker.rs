@@ -36,6 +36,7 @@ use crate::cache::LayerKv;
 use crate::chat::ChatParts;
 use crate::detokenize::TokenTable;
 use crate::error::{MlxPhase, Result, RunnerError};
+use crate::generate::maybe_quantize;
 use crate::memory::{Budget, budget_memory};
 use crate::model::Model;
 
@@ -55,6 +56,11 @@ pub(super) struct Loaded {
     pub(super) parallel: usize,
     /// MLX runs on the CPU backend (compute-bound: larger passes cost more).
     pub(super) on_cpu: bool,
+    /// The KV setting of requests that do not choose one (the configured
+    /// one, or full precision where the model cannot quantize its cache).
+    pub(super) kv: Option<crate::cache::KvSetting>,
+    /// The SSD tier, when on.
+    pub(super) disk: Option<super::disk::DiskTier>,
 }
 
 /// A sequence evaluating its prompt into caches of its own.
@@ -68,6 +74,7 @@ pub(super) struct Worker {
     pub snapshot: watch::Sender<Snapshot>,
     pub parts: watch::Sender<Option<Arc<ChatParts>>>,
     pub stopping: Arc<AtomicBool>,
+    pub disk: Arc<super::disk::DiskStats>,
 }
 
 /// Everything in flight.
@@ -205,6 +212,11 @@ impl Worker {
         while let Ok(r) = rx.try_recv() {
             refuse(r, || RunnerError::Stopped);
         }
+        // What is queued for the SSD tier reaches it before the process ends.
+        persist(l);
+        if let Some(disk) = l.disk.take() {
+            disk.flush();
+        }
         self.snapshot.send_modify(|s| s.state = LoadState::Stopping);
     }
 
@@ -214,11 +226,25 @@ impl Worker {
         let tokenizer = Arc::new(opened.tokenizer);
         // Resolved when the engine was spawned.
         let parallel = self.config.num_parallel.unwrap_or(1).max(1);
+        // A runner-wide quantized cache the model cannot take falls back to
+        // full precision (as ollama's OLLAMA_KV_CACHE_TYPE does), said on
+        // stderr and in Status; a request that asks for one is refused.
+        let kv = match self.config.kv {
+            Some(setting) => match model.check_kv_quant(setting.quant) {
+                Ok(()) => Some(setting),
+                Err(why) => {
+                    eprintln!("grove-runner: {why}; the KV cache stays full precision");
+                    None
+                }
+            },
+            None => None,
+        };
         let budget = Budget::new(
             &model,
             budget_memory(),
             self.config.prefill_chunk as u64,
             parallel as u64,
+            kv.map(|k| k.quant),
         );
         budget.apply().map_err(|e| RunnerError::Mlx {
             phase: "setting memory limits",
@@ -267,7 +293,19 @@ impl Worker {
             capacity,
             parallel,
             on_cpu: crate::model::dtypes::cpu_backend(),
+            kv,
+            disk: None,
         };
+        let mut loaded = loaded;
+        if let Some(config) = &self.config.disk {
+            loaded.disk = super::disk::DiskTier::open(
+                config,
+                &self.config.model_dir,
+                loaded.model.dtype(),
+                loaded.model.kinds(),
+                self.disk.clone(),
+            );
+        }
         self.parts.send_replace(Some(Arc::new(parts)));
         self.snapshot.send_modify(|s| {
             s.state = LoadState::Ready;
@@ -296,6 +334,8 @@ impl Worker {
             mlx_active: mlx_rs::memory::active_memory().unwrap_or(0) as u64,
             mlx_cache: mlx_rs::memory::cache_memory().unwrap_or(0) as u64,
             mlx_peak: mlx_rs::memory::peak_memory().unwrap_or(0) as u64,
+            kv: l.kv,
+            ..MemoryFigures::default()
         };
         let activity = if idle {
             Some(Activity::Idle)
@@ -362,8 +402,11 @@ impl Worker {
             let checkpoint = Checkpoint::of(&caches, sequence.prompt.len()).unwrap_or(None);
             // Kept apart too: later conversations that begin with it hit
             // even after others replace the entry.
-            l.cache.set_prewarm(sequence.prompt.clone(), caches.clone());
-            l.cache.replace(sequence.prompt.clone(), caches, checkpoint);
+            l.cache
+                .set_prewarm(sequence.prompt.clone(), caches.clone(), sequence.kv);
+            l.cache
+                .replace(sequence.prompt.clone(), caches, checkpoint, sequence.kv);
+            persist(l);
             s.pending
                 .push(sequence.finish(crate::generate::FinishReason::Length));
             return;
@@ -461,13 +504,22 @@ impl Worker {
                         .copied()
                         .take(held)
                         .collect();
-                    l.cache.replace(tokens, caches, checkpoint);
+                    l.cache
+                        .replace(tokens, caches, checkpoint, gone.sequence.kv);
+                    persist(l);
                     s.pending.push(gone.sequence.finish(r));
                 }
                 (outcome, _) => s.pending.push(gone.sequence.finish(reason(outcome))),
             }
         }
         inspect_all(l, s, inspect);
+    }
+}
+
+/// Writes the prompt cache's entry to the SSD tier (when on).
+fn persist(l: &mut Loaded) {
+    if let Some(disk) = l.disk.as_mut() {
+        disk.persist(l.cache.tokens(), l.cache.layers(), l.cache.kv());
     }
 }
 
@@ -528,9 +580,16 @@ fn advance(
         let chunk = Model::tokens_array(&seq.prompt[start..start + n]);
         let hidden = model.decoder.forward(&chunk, caches).phase("prefill")?;
         drop(hidden);
+        seq.prefilled += n;
+        // A quantized KV cache turns quantized where mlx-lm's prefill would
+        // check: after each of the request's chunks (counted from what the
+        // prompt cache gave) and after the whole prompt, never at the
+        // shorter passes the engine takes while others decode.
+        if (seq.prefilled - seq.cached).is_multiple_of(seq.chunk) || seq.left_to_prefill() == 0 {
+            maybe_quantize(caches, seq.kv).phase("prefill")?;
+        }
         eval(caches.iter().flat_map(LayerKv::arrays)).phase("prefill")?;
         mlx_rs::memory::clear_cache().phase("prefill")?;
-        seq.prefilled += n;
     }
     if seq.left_to_prefill() > 0 {
         return Ok(Advanced::Chunk);
@@ -543,6 +602,7 @@ fn advance(
     }
     let last = Model::tokens_array(&seq.prompt[seq.prompt.len() - 1..]);
     let hidden = model.decoder.forward(&last, caches).phase("prefill")?;
+    maybe_quantize(caches, seq.kv).phase("prefill")?;
     let position = hidden.try_index((.., -1, ..)).phase("prefill")?;
     let logits = model.decoder.logits(&position).phase("prefill")?;
     let first = seq.first_token(&logits)?;

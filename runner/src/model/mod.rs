@@ -344,6 +344,46 @@ impl Model {
         &self.dims.kinds
     }
 
+    /// Whether the KV cache can be quantized as `q` (mlx-lm's
+    /// `QuantizedKVCache`): every layer with keys must be a full-attention
+    /// layer of plain grouped-query attention whose head size is a multiple
+    /// of the group. Sliding windows are refused as mlx-lm refuses them
+    /// (`RotatingKVCache Quantization NYI`), and so are the layers that
+    /// attend in their own way (Gemma 2's soft-capping, gpt-oss's sinks,
+    /// GLM's latent attention, Gemma 4's shared keys). Recurrent layers keep
+    /// their state as it is.
+    pub fn check_kv_quant(&self, q: crate::cache::KvQuant) -> std::result::Result<(), String> {
+        let own_attention = match self.architecture {
+            Architecture::Gemma2 => Some("soft-capped attention"),
+            Architecture::GptOss => Some("attention sinks"),
+            Architecture::Glm4MoeLite => Some("latent (MLA) attention"),
+            Architecture::Gemma4Text | Architecture::Gemma4 => Some("layers that share keys"),
+            _ => None,
+        };
+        if let Some(what) = own_attention {
+            return Err(format!(
+                "a quantized KV cache is not supported for {:?} models ({what})",
+                self.architecture
+            ));
+        }
+        if self.kinds().iter().any(|k| k.window().is_some()) {
+            return Err(format!(
+                "a quantized KV cache is not supported for models with sliding-window layers \
+                 ({:?}; mlx-lm does not quantize a rotating cache either)",
+                self.architecture
+            ));
+        }
+        let head_dim = self.dims.head_dim;
+        if head_dim % q.group_size != 0 {
+            return Err(format!(
+                "a quantized KV cache needs heads a multiple of kv_group_size {} wide; \
+                 this model's are {head_dim}",
+                q.group_size
+            ));
+        }
+        Ok(())
+    }
+
     /// Fresh caches for one sequence.
     pub fn new_caches(&self) -> Vec<crate::cache::LayerKv> {
         crate::cache::LayerKv::fresh(self.kinds())

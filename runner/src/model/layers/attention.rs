@@ -13,7 +13,8 @@ use mlx_rs::{Array, Dtype, fast};
 use super::linear::Linear;
 use super::norm::RmsNorm;
 use super::rope::Rope;
-use crate::cache::{AttentionMask, LayerCache};
+use crate::cache::quantized::quantized_attention;
+use crate::cache::{AttentionMask, Fetched, LayerCache};
 use crate::error::Result;
 use crate::model::config::Quantization;
 use crate::model::weights::Weights;
@@ -189,10 +190,11 @@ impl Attention {
         let positions = cache.positions()?;
         let q = self.rope.forward_at(&q, &positions)?;
         let k = self.rope.forward_at(&k, &positions)?;
-        let (k, v) = cache.update_and_fetch(&k, &v)?;
-        // 4. Attention under the mask (causal within a chunk, padding hidden in a batch).
-        let out = match s.softcap {
-            None => fast::scaled_dot_product_attention(
+        let fetched = cache.update_and_fetch_kv(&k, &v)?;
+        // 4. Attention under the mask (causal within a chunk, padding hidden
+        //    in a batch), over quantized keys and values as they are held.
+        let out = match (fetched, s.softcap) {
+            (Fetched::Float(k, v), None) => fast::scaled_dot_product_attention(
                 &q,
                 &k,
                 &v,
@@ -200,7 +202,23 @@ impl Attention {
                 mask.as_sdpa(),
                 self.sinks.as_ref(),
             )?,
-            Some(cap) => self.capped(&q, &k, &v, mask, cap)?,
+            (Fetched::Float(k, v), Some(cap)) => self.capped(&q, &k, &v, mask, cap)?,
+            (
+                Fetched::Quantized {
+                    keys,
+                    values,
+                    quant,
+                },
+                None,
+            ) if self.sinks.is_none() => {
+                let mask = mask_array(mask, keys.time(), q.dim(2))?;
+                quantized_attention(&q, &keys, &values, quant, self.scale, mask.as_ref())?
+            }
+            (Fetched::Quantized { .. }, _) => {
+                return Err(Exception::custom(
+                    "quantized KV attention takes no soft-capping or attention sinks",
+                ));
+            }
         };
         // 5. Merge heads and project out.
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
@@ -232,17 +250,7 @@ impl Attention {
             v = expand_dims(&v, 2)?;
         }
         let scores = softcap(&q.matmul(k.swap_axes(-1, -2)?)?, cap)?;
-        let keys = k.dim(-2);
-        let mask = match mask {
-            AttentionMask::None => None,
-            AttentionMask::Causal => {
-                let queries = Array::arange::<_, i32>(keys - l, keys, None)?.reshape(&[-1, 1])?;
-                let all = Array::arange::<_, i32>(None, keys, None)?.reshape(&[1, -1])?;
-                Some(queries.ge(&all)?)
-            }
-            AttentionMask::Array(m) => Some(m.clone()),
-        };
-        let scores = match mask {
+        let scores = match mask_array(mask, k.dim(-2), l)? {
             None => scores,
             Some(m) => {
                 // A batch's [B, 1, N, K] mask lines up with [B, kv, repeats, N, K].
@@ -263,6 +271,20 @@ impl Attention {
             Ok(out)
         }
     }
+}
+
+/// The mask as a boolean array for `l` queries over `keys` keys (mlx-lm's
+/// "causal" string made an array), or none.
+fn mask_array(mask: &AttentionMask, keys: i32, l: i32) -> Result<Option<Array>, Exception> {
+    Ok(match mask {
+        AttentionMask::None => None,
+        AttentionMask::Causal => {
+            let queries = Array::arange::<_, i32>(keys - l, keys, None)?.reshape(&[-1, 1])?;
+            let all = Array::arange::<_, i32>(None, keys, None)?.reshape(&[1, -1])?;
+            Some(queries.ge(&all)?)
+        }
+        AttentionMask::Array(m) => Some(m.clone()),
+    })
 }
 
 /// `tanh(x / cap) * cap`, the cap in `x`'s dtype (Gemma's soft-capping).
