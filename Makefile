@@ -131,6 +131,9 @@ bench: build fixtures default-model
 	$(PYTHON) tests/bench/real.py --runner $(BIN)/grove-runner --model $(DEFAULT_MODEL)
 	$(PYTHON) tests/bench/batched.py --bench $(BIN)/grove-batch-bench --streams $(BATCHED_STREAMS) \
 	  $(foreach m,$(BATCHED_MODELS),--model $(m))
+	@echo "bench: a 4k-token conversation's follow-up turn from the SSD tier after a restart, vs cold"
+	GROVE_KV_CACHE_TYPE=f16 $(BIN)/grove-ttft $(FIXTURES)/llama-kv-f32 4000 50 8 disk
+	GROVE_KV_CACHE_TYPE=q4 $(BIN)/grove-ttft $(FIXTURES)/llama-kv-f32 4000 50 8 disk
 
 lint: setup
 	$(CARGO) fmt --all -- --check

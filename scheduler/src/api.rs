@@ -408,6 +408,8 @@ impl Grove for Api {
                     .map_or(0, |d| d.as_secs() as i64),
                 active_requests: r.active as u32,
                 pid: r.pid,
+                kv_capacity_tokens: r.facts.kv_capacity_tokens,
+                kv_bits: r.facts.kv_bits,
             })
             .collect();
         Ok(Response::new(pb::PsResponse { models }))

@@ -55,6 +55,9 @@ pub enum SchedError {
 pub struct RunnerFacts {
     pub context_length: u32,
     pub on_gpu: bool,
+    pub kv_capacity_tokens: u32,
+    /// 0: a full-precision KV cache.
+    pub kv_bits: u32,
 }
 
 /// A loaded model, for `ps`.
@@ -489,6 +492,11 @@ impl Actor {
                                 on_gpu: s.memory.is_some_and(|m| {
                                     m.memory_source == rpb::MemorySource::Device as i32
                                 }),
+                                kv_capacity_tokens: s.memory.map_or(0, |m| m.kv_capacity_tokens),
+                                kv_bits: s
+                                    .memory
+                                    .and_then(|m| m.kv_quantization)
+                                    .map_or(0, |q| q.bits),
                             }
                         }
                         Err(_) => RunnerFacts::default(),

@@ -163,6 +163,9 @@ async fn alternating_conversations_return_to_their_prefixes() -> Result<()> {
     Ok(())
 }
 
+/// A way to damage a stored file.
+type Damage = fn(&Path) -> Result<()>;
+
 /// Truncated, corrupted and foreign files are skipped and removed with a
 /// warning, never loaded: the turn is computed and its text is right.
 #[tokio::test]
@@ -171,7 +174,7 @@ async fn bad_files_are_skipped_and_removed() -> Result<()> {
     let second = next_turn(&first, 0);
     let (_cold, mut cold) = Served::start(&fixtures::model_dir(MODEL)?, &[]).await?;
     let want = turn(&mut cold, &second).await?.text;
-    let damages: [(&str, fn(&Path) -> Result<()>); 3] = [
+    let damages: [(&str, Damage); 3] = [
         ("truncated", |f| {
             let len = std::fs::metadata(f)?.len();
             std::fs::OpenOptions::new()

@@ -12,7 +12,7 @@
 //! extract code.
 use mlx_rs::Array;
 use mlx_rs::error::Exception;
-use mlx_rs::ops::indexing::TryIndexMutOp;
+use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
 use mlx_rs::ops::{quantize, quantized_matmul};
 
 /// Bit widths MLX's affine quantization takes.
@@ -180,10 +180,50 @@ pub enum Fetched {
     },
 }
 
+/// Queries attended together: a prefill chunk's scores (`[B, H, L, T]`,
+/// float) are made this many rows at a time, so a long prompt over a long
+/// cache never holds all of them (mlx-lm #1587); every row's numbers are
+/// what one pass over all rows gives.
+const QUERY_BLOCK: i32 = 256;
+
 /// mlx-lm's `quantized_scaled_dot_product_attention`: `queries`
 /// (`[B, Hq, L, D]`) over quantized keys and values (`[B, Hkv, T, ...]`),
-/// under a boolean mask (`[B|1, 1, L, T]`, `[L, T]`, or none).
+/// under a boolean mask (`[B|1, 1, L, T]`, `[L, T]`, or none), in blocks of
+/// [`QUERY_BLOCK`] queries.
 pub fn quantized_attention(
+    queries: &Array,
+    keys: &Planes,
+    values: &Planes,
+    quant: KvQuant,
+    scale: f32,
+    mask: Option<&Array>,
+) -> Result<Array, Exception> {
+    let l = queries.dim(2);
+    if l <= QUERY_BLOCK {
+        return attend_block(queries, keys, values, quant, scale, mask);
+    }
+    let mut outs = Vec::new();
+    let mut start = 0;
+    while start < l {
+        let end = (start + QUERY_BLOCK).min(l);
+        let q = queries.try_index((.., .., start..end, ..))?;
+        let m = match mask {
+            Some(m) if m.ndim() >= 2 => {
+                let rows = m.ndim() as i32 - 2;
+                let idx = Array::arange::<_, i32>(start, end, None)?;
+                Some(m.take_axis(&idx, rows)?)
+            }
+            other => other.cloned(),
+        };
+        let out = attend_block(&q, keys, values, quant, scale, m.as_ref())?;
+        // Each block is evaluated lazily with the rest; keep the graph small.
+        outs.push(out);
+        start = end;
+    }
+    mlx_rs::ops::concatenate(&outs, 2)
+}
+
+fn attend_block(
     queries: &Array,
     keys: &Planes,
     values: &Planes,

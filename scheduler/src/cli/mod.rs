@@ -225,8 +225,8 @@ pub async fn run(cli: Cli) -> Result<()> {
                 .into_inner()
                 .models;
             println!(
-                "{:<48} {:>10} {:<10} {:>8}  UNTIL",
-                "NAME", "SIZE", "PROCESSOR", "CONTEXT"
+                "{:<48} {:>10} {:<10} {:>8} {:>14}  UNTIL",
+                "NAME", "SIZE", "PROCESSOR", "CONTEXT", "KV CACHE"
             );
             for m in models {
                 let processor = if m.processor == pb::Processor::Gpu as i32 {
@@ -234,12 +234,17 @@ pub async fn run(cli: Cli) -> Result<()> {
                 } else {
                     "100% CPU"
                 };
+                let kv = match m.kv_bits {
+                    0 => format!("full {}", m.kv_capacity_tokens),
+                    b => format!("q{b} {}", m.kv_capacity_tokens),
+                };
                 println!(
-                    "{:<48} {:>10} {:<10} {:>8}  {}",
+                    "{:<48} {:>10} {:<10} {:>8} {:>14}  {}",
                     m.name,
                     human_bytes(m.size_bytes),
                     processor,
                     m.context_length,
+                    kv,
                     until(m.expires_unix, m.active_requests)
                 );
             }

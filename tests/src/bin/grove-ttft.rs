@@ -4,7 +4,13 @@
 //! that answer began (a windowed model then goes back ANSWER_TOKENS tokens,
 //! or to its checkpoint at the end of turn 1's prompt).
 //!
-//! grove-ttft MODEL_DIR [PROMPT_TOKENS] [NEW_TOKENS] [ANSWER_TOKENS]
+//! With `disk` as a fifth argument the follow-up comes after a restart:
+//! turn 1 runs on a runner with an SSD tier (GROVE_KV_DIR in a temporary
+//! directory), that runner is killed, and a new one on the same directory
+//! serves the follow-up from disk; the cold figure comes from a runner
+//! without the tier. GROVE_KV_CACHE_TYPE applies to every runner.
+//!
+//! grove-ttft MODEL_DIR [PROMPT_TOKENS] [NEW_TOKENS] [ANSWER_TOKENS] [disk]
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -49,6 +55,9 @@ async fn main() -> Result<()> {
     let n: u32 = args.get(2).map_or(Ok(2000), |s| s.parse())?;
     let extra: u32 = args.get(3).map_or(Ok(50), |s| s.parse())?;
     let answer: u32 = args.get(4).map_or(Ok(8), |s| s.parse())?;
+    if args.get(5).is_some_and(|a| a == "disk") {
+        return from_disk(std::path::Path::new(model), n, extra, answer).await;
+    }
     let (_served, mut client) = Served::start(std::path::Path::new(model), &[]).await?;
     let conversation: Vec<u32> = (0..n).map(|i| 5 + (i * 37 + 11) % 1000).collect();
     let mut follow_up = conversation.clone();
@@ -94,6 +103,77 @@ async fn main() -> Result<()> {
         cold.as_secs_f64() * 1e3,
         cold_eval.as_secs_f64() * 1e3,
         cold_cached,
+        warm.as_secs_f64() * 1e3,
+        warm_eval.as_secs_f64() * 1e3,
+        cached,
+        100.0 * warm.as_secs_f64() / cold.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The conversation, its follow-up, and an unrelated prompt.
+fn prompts(n: u32, extra: u32) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    let conversation: Vec<u32> = (0..n).map(|i| 5 + (i * 37 + 11) % 1000).collect();
+    let mut follow_up = conversation.clone();
+    follow_up.extend((0..extra).map(|i| 5 + (i * 53 + 7) % 1000));
+    // Short enough (with its answer) never to be stored.
+    let other: Vec<u32> = (0..4).map(|i| 900 - i).collect();
+    (conversation, follow_up, other)
+}
+
+/// The follow-up's TTFT from the SSD tier after a restart, against cold.
+async fn from_disk(model: &std::path::Path, n: u32, extra: u32, answer: u32) -> Result<()> {
+    let (conversation, follow_up, other) = prompts(n, extra);
+    let dir = tempfile::tempdir()?;
+    let dir_text = dir.path().to_str().context("temporary path")?;
+    let env = [("GROVE_KV_DIR", dir_text), ("GROVE_KV_DISK", "8G")];
+    {
+        let (_served, mut client) = Served::start_env(model, &[], &env).await?;
+        first_token(&mut client, &other, 4).await?; // warm-up
+        first_token(&mut client, &conversation, answer).await?;
+        let start = Instant::now();
+        while client
+            .status(pb::StatusRequest {})
+            .await?
+            .into_inner()
+            .memory
+            .unwrap_or_default()
+            .disk_entries
+            < 1
+        {
+            if start.elapsed() > Duration::from_secs(60) {
+                bail!("turn 1 never reached the disk");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    } // killed
+    let restart = Instant::now();
+    let (_served, mut client) = Served::start_env(model, &[], &env).await?;
+    let load = restart.elapsed();
+    first_token(&mut client, &other, 4).await?; // warm-up, too short to be stored
+    let (warm, warm_eval, cached) = first_token(&mut client, &follow_up, 8).await?;
+    let mem = client
+        .status(pb::StatusRequest {})
+        .await?
+        .into_inner()
+        .memory
+        .unwrap_or_default();
+    let (_cold_runner, mut cold_client) = Served::start(model, &[]).await?;
+    first_token(&mut cold_client, &other, 4).await?; // warm-up
+    let (cold, cold_eval, _) = first_token(&mut cold_client, &follow_up, 8).await?;
+    println!(
+        "restart (load) {:.0} ms; disk: {} entries, {} B; KV per token {} B",
+        load.as_secs_f64() * 1e3,
+        mem.disk_entries,
+        mem.disk_bytes,
+        mem.kv_bytes_per_token
+    );
+    println!(
+        "prompt {} tokens: cold TTFT {:.1} ms (prefill {:.1} ms) | follow-up after restart TTFT {:.1} ms \
+         (prefill {:.1} ms, {} cached from disk) | ratio {:.1}%",
+        follow_up.len(),
+        cold.as_secs_f64() * 1e3,
+        cold_eval.as_secs_f64() * 1e3,
         warm.as_secs_f64() * 1e3,
         warm_eval.as_secs_f64() * 1e3,
         cached,
