@@ -182,7 +182,18 @@ fn read_reference(path: &std::path::Path) -> Result<Reference> {
 }
 
 /// The fixtures with mlx-lm references for a quantized KV cache.
-pub const KV_QUANTIZED: [&str; 4] = ["llama-kv-f32", "llama-kv-q4", "qwen3-f32", "qwen3-next-f32"];
+pub const KV_QUANTIZED: [&str; 10] = [
+    "llama-kv-f32",
+    "llama-kv-q4",
+    "qwen3-f32",
+    "qwen3-q4",
+    "qwen3-next-f32",
+    "qwen3-next-q4",
+    "qwen3-moe-f32",
+    "qwen3-moe-q4",
+    "qwen3.5-f32",
+    "qwen3.5-moe-f32",
+];
 
 /// mlx-lm's greedy outputs with a quantized KV cache (`reference-kv.json`).
 #[derive(Debug, Deserialize)]
