@@ -159,3 +159,23 @@ pub fn tokens_request(ids: &[u32], max_tokens: u32) -> pb::GenerateRequest {
         ..Default::default()
     }
 }
+
+/// Sends every request at once (one task each) and waits for all of them,
+/// in request order.
+pub async fn all_at_once(
+    client: &RunnerClient<Channel>,
+    reqs: Vec<pb::GenerateRequest>,
+) -> Result<Vec<Completion>> {
+    let tasks: Vec<_> = reqs
+        .into_iter()
+        .map(|r| {
+            let mut c = client.clone();
+            tokio::spawn(async move { complete(&mut c, r).await })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await??);
+    }
+    Ok(out)
+}

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, ensure};
 use grove_proto::runner::v1 as pb;
 use grove_proto::runner::v1::runner_client::RunnerClient;
 use grove_tests::fixtures;
-use grove_tests::serve::{Completion, Served, complete, tokens_request};
+use grove_tests::serve::{Completion, Served, all_at_once, complete, tokens_request};
 use tonic::transport::Channel;
 
 /// A prompt whose greedy continuation on qwen3-f32 runs past 1000 tokens
@@ -16,22 +16,6 @@ use tonic::transport::Channel;
 const LONG_RUNNING: [u32; 12] = [142, 587, 872, 826, 787, 69, 266, 125, 512, 784, 465, 488];
 
 type Client = RunnerClient<Channel>;
-
-/// Runs every request at once, each on its own task; results in order.
-async fn all_at_once(client: &Client, reqs: Vec<pb::GenerateRequest>) -> Result<Vec<Completion>> {
-    let tasks: Vec<_> = reqs
-        .into_iter()
-        .map(|r| {
-            let mut c = client.clone();
-            tokio::spawn(async move { complete(&mut c, r).await })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await??);
-    }
-    Ok(out)
-}
 
 /// Runs the requests one after another.
 async fn one_by_one(client: &mut Client, reqs: &[pb::GenerateRequest]) -> Result<Vec<Completion>> {

@@ -9,7 +9,7 @@ use grove_proto::runner::v1 as pb;
 use grove_proto::runner::v1::runner_client::RunnerClient;
 use grove_tests::fixtures;
 use grove_tests::runner::{generate_json, ids_arg};
-use grove_tests::serve::{Completion, Served, complete, tokens_request};
+use grove_tests::serve::{Completion, Served, all_at_once, complete, tokens_request};
 use tonic::transport::Channel;
 
 type Client = RunnerClient<Channel>;
@@ -75,21 +75,6 @@ fn kv_request(ids: &[u32], s: &fixtures::KvSettingReference) -> pb::GenerateRequ
     req.kv_group_size = Some(s.kv_group_size);
     req.quantized_kv_start = Some(s.quantized_kv_start);
     req
-}
-
-async fn all_at_once(client: &Client, reqs: Vec<pb::GenerateRequest>) -> Result<Vec<Completion>> {
-    let tasks: Vec<_> = reqs
-        .into_iter()
-        .map(|r| {
-            let mut c = client.clone();
-            tokio::spawn(async move { complete(&mut c, r).await })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await??);
-    }
-    Ok(out)
 }
 
 /// The served engine (continuous batching, quantized rows joining and
