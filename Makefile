@@ -69,6 +69,15 @@ $(GROVE_HOME)/.mlx-c-stamp:
 	  && echo "setup: mlx-c from $$src"
 	@touch $@
 
+# The HTTP API tests' clients, as users install them from PyPI (with their
+# dependencies, apart from the reference packages above).
+CLIENTS_DIR := $(GROVE_HOME)/clients
+$(GROVE_HOME)/.clients-stamp:
+	@mkdir -p $(GROVE_HOME)
+	@echo "setup: the openai and ollama Python clients into $(CLIENTS_DIR)"
+	$(PIP) $(CLIENTS_DIR) openai==3.54.0 ollama==0.6.3
+	@touch $@
+
 $(GROVE_HOME)/.cuda-stamp:
 	@echo "setup: MLX CUDA wheel into $(GROVE_HOME)/cuda"
 	$(PIP) $(GROVE_HOME)/cuda mlx-cuda-13==$(MLX_VERSION)
@@ -112,7 +121,7 @@ run: build default-model
 	trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null' EXIT; \
 	GROVE_NO_AUTOSTART=1 $(BIN)/grove run "$$model" "$(GROVE_PROMPT)" --max-tokens $(GROVE_MAX_TOKENS) --verbose
 
-test: build fixtures real-models
+test: build fixtures real-models $(GROVE_HOME)/.clients-stamp
 	$(CARGO) test $(CARGO_FLAGS) --workspace --no-fail-fast
 
 # The fuzz tests (proptest, see fuzzing/) with a long budget; `make test` runs

@@ -7,6 +7,7 @@
 //! - [`engine`]: the one thread that owns MLX, the model and the prompt cache,
 //!   and runs every request in one continuously batched decode loop
 //!   (admission, interleaved prefill, per-request sampling and stops).
+//! - [`reply`]: a generation's stream, split by [`output`] when asked.
 //! - [`chat`]: chat requests rendered (in a sandbox process) and tokenized
 //!   before they reach the engine.
 //! - [`memory`]: KV capacity and MLX limits from measured memory.
@@ -22,6 +23,8 @@
 //!   decode loop (the `generate` command and the reference for the batch).
 //! - [`detokenize`]: streaming token ids to text pieces, as mlx-lm's
 //!   streaming detokenizers do.
+//! - [`output`]: a chat reply split into reasoning, tool calls (per
+//!   family, [`tool_args`]) and content, streamed.
 //! - [`stop`]: stop strings over streamed text, holding back possible prefixes.
 //! - [`sample`]: mlx-lm's samplers and logits processors (top-p/min-p/top-k,
 //!   penalties, logit bias), seeded.
@@ -42,11 +45,14 @@ pub mod generate;
 pub mod import;
 pub mod memory;
 pub mod model;
+pub mod output;
+pub mod reply;
 pub mod request;
 pub mod sample;
 pub mod server;
 pub mod source;
 pub mod stop;
 pub mod tokenizer;
+pub mod tool_args;
 
 pub use error::RunnerError;

@@ -119,6 +119,7 @@ pub fn chat_request(chat: pb::Chat) -> Result<(ChatRequest, Option<String>), Sta
             tool_calls,
             tool_call_id: (!m.tool_call_id.is_empty()).then_some(m.tool_call_id),
             name: (!m.name.is_empty()).then_some(m.name),
+            reasoning_content: (!m.reasoning_content.is_empty()).then_some(m.reasoning_content),
         });
     }
     if messages.is_empty() {
@@ -142,7 +143,15 @@ pub fn chat_request(chat: pb::Chat) -> Result<(ChatRequest, Option<String>), Sta
 pub enum Prompt {
     Tokens(Vec<u32>),
     Text(String),
-    Chat(ChatRequest, Option<String>),
+    /// The conversation, its template's name, and how to split the reply.
+    Chat(ChatRequest, Option<String>, Split),
+}
+
+/// What of a chat reply's markup is parsed out of its text.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Split {
+    pub reasoning: bool,
+    pub tool_calls: bool,
 }
 
 /// Checks the options against the model's facts, and builds the engine's job
@@ -152,8 +161,12 @@ pub fn job(req: pb::GenerateRequest, vocab: usize) -> Result<(Job, Prompt), Stat
         Some(pb::generate_request::Input::Prompt(text)) => Prompt::Text(text),
         Some(pb::generate_request::Input::Tokens(list)) => Prompt::Tokens(list.ids),
         Some(pb::generate_request::Input::Chat(chat)) => {
+            let split = Split {
+                reasoning: chat.split_reasoning,
+                tool_calls: chat.parse_tool_calls,
+            };
             let (request, template) = chat_request(chat)?;
-            Prompt::Chat(request, template)
+            Prompt::Chat(request, template, split)
         }
         None => return Err(Status::invalid_argument("give a prompt or tokens")),
     };

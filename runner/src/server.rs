@@ -21,6 +21,7 @@ use crate::engine::{Activity, Engine, EngineConfig, Event, LoadState, Snapshot};
 use crate::generate::FinishReason;
 use crate::memory::MemorySource;
 use crate::model::Architecture;
+use crate::reply::{self, Reply};
 use crate::request::{Prompt, job, runner_status, submit_status, template_vars, tools};
 
 /// How `serve` is set up.
@@ -275,24 +276,22 @@ fn status(s: &Snapshot) -> pb::StatusResponse {
     }
 }
 
-fn done_message(reason: FinishReason, m: crate::engine::Metrics) -> pb::GenerateResponse {
+fn done_of(reason: FinishReason, m: crate::engine::Metrics) -> pb::Done {
     let reason = match reason {
         FinishReason::Stop => pb::DoneReason::Stop,
         FinishReason::Length => pb::DoneReason::Length,
         FinishReason::Cancelled => pb::DoneReason::Cancelled,
     };
-    pb::GenerateResponse {
-        event: Some(pb::generate_response::Event::Done(pb::Done {
-            reason: reason as i32,
-            metrics: Some(pb::Metrics {
-                prompt_tokens: m.prompt_tokens as u32,
-                cached_prompt_tokens: m.cached_prompt_tokens as u32,
-                prompt_eval_ns: m.prompt_eval.as_nanos() as u64,
-                eval_tokens: m.eval_tokens as u32,
-                eval_ns: m.eval.as_nanos() as u64,
-                cached_prompt_tokens_disk: m.cached_from_disk as u32,
-            }),
-        })),
+    pb::Done {
+        reason: reason as i32,
+        metrics: Some(pb::Metrics {
+            prompt_tokens: m.prompt_tokens as u32,
+            cached_prompt_tokens: m.cached_prompt_tokens as u32,
+            prompt_eval_ns: m.prompt_eval.as_nanos() as u64,
+            eval_tokens: m.eval_tokens as u32,
+            eval_ns: m.eval.as_nanos() as u64,
+            cached_prompt_tokens_disk: m.cached_from_disk as u32,
+        }),
     }
 }
 
@@ -326,6 +325,7 @@ impl Runner for Service {
             .facts
             .map_or(usize::MAX, |f| f.vocab_size);
         let (mut job, prompt) = job(req.into_inner(), vocab)?;
+        let mut format = None;
         job.input = match prompt {
             Prompt::Tokens(ids) => ids,
             Prompt::Text(text) => {
@@ -334,13 +334,15 @@ impl Runner for Service {
                     .await
                     .map_err(runner_status)?
             }
-            Prompt::Chat(request, name) => {
+            Prompt::Chat(request, name, split) => {
                 // Rendered and tokenized here, never on the engine thread; a
                 // client that leaves drops this, which stops the sandbox.
                 let parts = self.engine.chat_parts().await.map_err(runner_status)?;
-                chat::prompt(&self.sandbox, &parts, &request, name.as_deref())
+                let ids = chat::prompt(&self.sandbox, &parts, &request, name.as_deref())
                     .await
-                    .map_err(runner_status)?
+                    .map_err(runner_status)?;
+                format = reply::format(&parts, &request, split, &ids);
+                ids
             }
         };
         // A startup prewarm goes first (a system prompt's prefill after loading).
@@ -359,18 +361,25 @@ impl Runner for Service {
         }
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(async move {
+            let mut reply = Some(Reply::new(format));
             while let Some(event) = events.recv().await {
-                let item = match event {
-                    Event::Text(text) => Ok(pb::GenerateResponse {
-                        event: Some(pb::generate_response::Event::Text(text)),
-                    }),
-                    Event::Done { reason, metrics } => Ok(done_message(reason, metrics)),
-                    Event::Error(e) => Err(runner_status(e)),
-                    Event::Started => continue,
+                let items = match (event, reply.as_mut()) {
+                    (Event::Text(text), Some(r)) => r.text(text).into_iter().map(Ok).collect(),
+                    (Event::Done { reason, metrics }, Some(_)) => reply
+                        .take()
+                        .map(|r| r.done(done_of(reason, metrics)))
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(Ok)
+                        .collect(),
+                    (Event::Error(e), _) => vec![Err(runner_status(e))],
+                    _ => continue,
                 };
-                if tx.send(item).await.is_err() {
-                    // The client went away: dropping `events` cancels the engine's work.
-                    return;
+                for item in items {
+                    if tx.send(item).await.is_err() {
+                        // The client went away: dropping `events` cancels the engine's work.
+                        return;
+                    }
                 }
             }
         });

@@ -57,6 +57,7 @@ fn sampling(o: &pb::Options) -> rpb::SamplingOptions {
         top_p: o.top_p,
         min_p: o.min_p,
         repetition_penalty: o.repetition_penalty,
+        repetition_context_size: o.repetition_context_size,
         frequency_penalty: o.frequency_penalty,
         presence_penalty: o.presence_penalty,
         logit_bias: o.logit_bias.clone(),
@@ -110,6 +111,7 @@ pub(crate) fn chat_input(r: &pb::ChatRequest) -> Result<rpb::generate_request::I
                 .collect(),
             tool_call_id: m.tool_call_id.clone(),
             name: m.name.clone(),
+            reasoning_content: m.reasoning_content.clone(),
         });
     }
     Ok(rpb::generate_request::Input::Chat(rpb::Chat {
@@ -117,6 +119,8 @@ pub(crate) fn chat_input(r: &pb::ChatRequest) -> Result<rpb::generate_request::I
         tools_json: r.tools_json.clone(),
         add_generation_prompt: None,
         enable_thinking: r.enable_thinking,
+        split_reasoning: r.split_reasoning,
+        parse_tool_calls: r.parse_tool_calls,
         ..Default::default()
     }))
 }
@@ -127,6 +131,8 @@ fn done(d: rpb::Done, load: Duration, started: Instant) -> pb::GenerateResponse 
         Ok(rpb::DoneReason::Stop) => pb::DoneReason::Stop,
         Ok(rpb::DoneReason::Length) => pb::DoneReason::Length,
         Ok(rpb::DoneReason::Cancelled) => pb::DoneReason::Cancelled,
+        Ok(rpb::DoneReason::ToolCalls) => pb::DoneReason::ToolCalls,
+        Ok(rpb::DoneReason::InvalidToolCall) => pb::DoneReason::InvalidToolCall,
         _ => pb::DoneReason::Unspecified,
     };
     pb::GenerateResponse {
@@ -171,6 +177,44 @@ async fn runner_failure(status: Status, lease: &Lease, model: &str) -> Status {
     }
 }
 
+/// Events the client has not taken yet, neighbouring text (or reasoning)
+/// merged into one message.
+#[derive(Default)]
+struct Pending(std::collections::VecDeque<pb::generate_response::Event>);
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn push(&mut self, e: rpb::generate_response::Event) {
+        use pb::generate_response::Event as E;
+        use rpb::generate_response::Event as R;
+        let e = match e {
+            R::Text(t) => E::Text(t),
+            R::Thinking(t) => E::Thinking(t),
+            R::ToolCall(c) => E::ToolCall(pb::ToolCall {
+                id: c.id,
+                name: c.name,
+                arguments_json: c.arguments_json,
+            }),
+            R::Done(_) => return,
+        };
+        match (self.0.back_mut(), e) {
+            (Some(E::Text(a)), E::Text(b)) | (Some(E::Thinking(a)), E::Thinking(b)) => {
+                a.push_str(&b)
+            }
+            (_, e) => self.0.push_back(e),
+        }
+    }
+
+    fn pop(&mut self) -> Option<pb::GenerateResponse> {
+        self.0
+            .pop_front()
+            .map(|e| pb::GenerateResponse { event: Some(e) })
+    }
+}
+
 impl Api {
     fn resolve(&self, model: &str) -> Result<Resolved, Status> {
         if model.trim().is_empty() {
@@ -199,11 +243,6 @@ impl Api {
         };
         let (tx, rx) = mpsc::channel(16);
         let mut closing = self.closing.clone();
-        let text = |t: String| {
-            Ok(pb::GenerateResponse {
-                event: Some(pb::generate_response::Event::Text(t)),
-            })
-        };
         tokio::spawn(async move {
             let lease = lease; // released when the relay ends
             // Text the client has not taken yet. The runner's stream is read
@@ -212,12 +251,14 @@ impl Api {
             // leaves many small frames unread (ENHANCE_YOUR_CALM), which
             // would fail every other request on it. A slow client gets the
             // text in larger pieces instead.
-            let mut pending = String::new();
+            let mut pending = Pending::default();
             loop {
                 let next = tokio::select! {
                     permit = tx.reserve(), if !pending.is_empty() => match permit {
                         Ok(p) => {
-                            p.send(text(std::mem::take(&mut pending)));
+                            if let Some(e) = pending.pop() {
+                                p.send(Ok(e));
+                            }
                             continue;
                         }
                         // The client went away: dropping `stream` cancels the runner's work.
@@ -231,16 +272,18 @@ impl Api {
                 };
                 let item = match next {
                     Ok(Some(msg)) => match msg.event {
-                        Some(rpb::generate_response::Event::Text(t)) => {
-                            pending.push_str(&t);
-                            continue;
-                        }
                         Some(rpb::generate_response::Event::Done(d)) => {
-                            if !pending.is_empty() && tx.send(text(pending)).await.is_err() {
-                                return;
+                            while let Some(e) = pending.pop() {
+                                if tx.send(Ok(e)).await.is_err() {
+                                    return;
+                                }
                             }
                             let _ = tx.send(Ok(done(d, lease.load_time, started))).await;
                             return;
+                        }
+                        Some(e) => {
+                            pending.push(e);
+                            continue;
                         }
                         None => continue,
                     },
@@ -252,9 +295,10 @@ impl Api {
                     .await),
                     Err(status) => Err(runner_failure(status, &lease, &model.name).await),
                 };
-                if !pending.is_empty() && tx.send(text(std::mem::take(&mut pending))).await.is_err()
-                {
-                    return;
+                while let Some(e) = pending.pop() {
+                    if tx.send(Ok(e)).await.is_err() {
+                        return;
+                    }
                 }
                 let _ = tx.send(item).await;
                 return;

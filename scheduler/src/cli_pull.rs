@@ -1,14 +1,12 @@
 //! `grove pull MODEL`: the daemon's Pull stream drawn as progress bars.
 use anyhow::{Result, bail};
 use grove_proto::v1 as pb;
-use grove_proto::v1::grove_client::GroveClient;
-use tonic::transport::Channel;
 
 use crate::pull_rpc::from_message;
 use crate::store::ProgressBar;
 
 /// Pulls `model` through the daemon, showing its progress on stderr.
-pub async fn pull(mut client: GroveClient<Channel>, model: &str) -> Result<()> {
+pub async fn pull(mut client: crate::cli::client::Client, model: &str) -> Result<()> {
     let mut stream = client
         .pull(pb::PullRequest {
             model: model.to_owned(),

@@ -39,6 +39,8 @@ pub struct DaemonConfig {
     /// 3/4 of physical RAM).
     pub memory_budget: u64,
     pub runner_bin: PathBuf,
+    /// The HTTP APIs' key, CORS origins and body limit.
+    pub http: crate::http::HttpConfig,
 }
 
 fn env(name: &'static str) -> Option<String> {
@@ -133,6 +135,18 @@ impl DaemonConfig {
             runner_timeout,
             memory_budget,
             runner_bin,
+            http: crate::http::HttpConfig {
+                api_key: env("GROVE_API_KEY"),
+                cors_origins: env("GROVE_ORIGINS")
+                    .map(|v| {
+                        v.split(',')
+                            .map(|o| o.trim().to_owned())
+                            .filter(|o| !o.is_empty())
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                max_body_bytes: number("GROVE_MAX_BODY", crate::http::DEFAULT_MAX_BODY)?,
+            },
         })
     }
 }

@@ -2,6 +2,7 @@
 //! `grove.v1.Grove` plus gRPC health and reflection, and on shutdown ends
 //! in-flight streams, stops every runner and removes their sockets.
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use grove_proto::v1::grove_server::GroveServer;
@@ -19,6 +20,11 @@ pub enum DaemonError {
          your models. Set GROVE_ALLOW_REMOTE=1 to allow it."
     )]
     NotLoopback(std::net::SocketAddr),
+    #[error(
+        "refusing to listen on {0} without an API key: set GROVE_API_KEY, which every client must then send \
+         as `Authorization: Bearer KEY`"
+    )]
+    NoApiKey(std::net::SocketAddr),
     #[error("creating the runners' socket directory: {0}")]
     SocketDir(std::io::Error),
     #[error("the model store: {0}")]
@@ -43,6 +49,9 @@ pub async fn run(
     if !config.host.ip().is_loopback() {
         if !config.allow_remote {
             return Err(DaemonError::NotLoopback(config.host));
+        }
+        if config.http.api_key.is_none() {
+            return Err(DaemonError::NoApiKey(config.host));
         }
         eprintln!(
             "grove: WARNING: listening on {}, reachable from other machines",
@@ -74,12 +83,12 @@ pub async fn run(
         .map_err(|e| DaemonError::Reflection(e.to_string()))?;
     let store = Store::from_env().map_err(|e| DaemonError::Store(e.to_string()))?;
     let (closing_tx, closing) = tokio::sync::watch::channel(false);
-    let api = Api {
+    let api = Arc::new(Api {
         sched: sched.clone(),
         store,
         ollama: OllamaStore::from_env(),
         closing,
-    };
+    });
     eprintln!(
         "grove: listening on {} (budget {} MiB, up to {} models, keep_alive {:?})",
         config.host,
@@ -99,10 +108,19 @@ pub async fn run(
             let _ = fired_tx.send(true);
         }
     };
-    let serve = tonic::transport::Server::builder()
-        .add_service(health_service)
+    // One router: gRPC by its paths (/grove.v1.Grove/...), HTTP by its own
+    // (/v1/..., /api/...); HTTP/1.1 for the JSON clients, h2 for both.
+    let grpc = tonic::service::Routes::new(health_service)
         .add_service(reflection)
-        .add_service(GroveServer::new(api))
+        .add_service(GroveServer::from_arc(api.clone()))
+        .into_axum_router();
+    let router = crate::http::with_auth(
+        grpc.merge(crate::http::routes(api, &config.http)),
+        config.http.api_key.clone(),
+    );
+    let serve = tonic::transport::Server::builder()
+        .accept_http1(true)
+        .add_routes(tonic::service::Routes::from(router))
         .serve_with_shutdown(config.host, stopping);
     let deadline = async move {
         let _ = fired.wait_for(|f| *f).await;

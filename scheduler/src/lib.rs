@@ -6,6 +6,8 @@
 //!   [`cli_import`] its `pull`, `service` and `import` commands.
 //! - [`daemon`]: `grove serve`, i.e. [`daemon::run`]`(config, shutdown)`.
 //! - [`api`]: the `grove.v1.Grove` gRPC service.
+//! - [`http`]: OpenAI's and ollama's HTTP APIs over the same service, on
+//!   the same address, behind the same optional API key.
 //! - [`sched`]: the scheduler actor: runner processes, memory budget, eviction,
 //!   keep_alive, queues, crash recovery.
 //! - [`runner_proc`]: starting, watching and stopping one `grove-runner`.
@@ -25,6 +27,7 @@ pub mod daemon;
 pub mod duration;
 #[cfg(test)]
 mod fuzz_tests;
+pub mod http;
 pub mod model_size;
 pub mod pull_rpc;
 pub mod resolve;

@@ -41,11 +41,10 @@ pub fn resolve(
     let parsed = ModelRef::parse(model).map_err(|e| ResolveError::Invalid(e.to_string()))?;
     let path = match parsed {
         ModelRef::Path(path) => path,
-        ModelRef::Repo(name) => store.resolve(&name).map_err(|e| {
-            ResolveError::NotFound(format!(
-                "model {model} is not in the store ({e}); run `grove pull {model}`"
-            ))
-        })?,
+        // The store's error names the model and says to pull it.
+        ModelRef::Repo(name) => store
+            .resolve(&name)
+            .map_err(|e| ResolveError::NotFound(e.to_string()))?,
         ModelRef::Ollama(name) => {
             let Some(ollama) = ollama else {
                 return Err(ResolveError::NotFound(format!(

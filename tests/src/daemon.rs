@@ -75,10 +75,13 @@ impl Daemon {
             if let Some(status) = self.child.try_wait()? {
                 bail!("grove serve exited: {status}");
             }
-            if let Ok(mut c) = self.client().await
-                && c.version(pb::VersionRequest {}).await.is_ok()
-            {
-                return Ok(c);
+            if let Ok(mut c) = self.client().await {
+                match c.version(pb::VersionRequest {}).await {
+                    // Up; with GROVE_API_KEY set, this client (without it) is refused.
+                    Ok(_) => return Ok(c),
+                    Err(s) if s.code() == tonic::Code::Unauthenticated => return Ok(c),
+                    Err(_) => {}
+                }
             }
             if Instant::now() > deadline {
                 bail!("grove serve did not answer within 30 s");
@@ -201,6 +204,7 @@ pub async fn finish(
         match m.event {
             Some(pb::generate_response::Event::Text(t)) => text.push_str(&t),
             Some(pb::generate_response::Event::Done(d)) => return Ok((text, d)),
+            Some(_) => return Err(tonic::Status::internal("an event not asked for")),
             None => {}
         }
     }

@@ -12,9 +12,12 @@
 //! - [`hub_server`]: a Hugging Face hub on 127.0.0.1 over the fixture models,
 //!   with faults to inject, for the store's pull tests.
 //! - [`daemon`]: a real `grove serve` on a free loopback port, and its client.
+//! - [`http`]: HTTP/1.1 by hand and the PyPI API clients, for the daemon's
+//!   JSON APIs.
 //! - [`serve`]: a `grove-runner serve` process and a gRPC client on its socket.
 pub mod daemon;
 pub mod fixtures;
+pub mod http;
 pub mod hub_server;
 pub mod real;
 pub mod runner;

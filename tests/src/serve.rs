@@ -112,6 +112,9 @@ pub async fn connect(path: &Path) -> Result<RunnerClient<Channel>> {
 /// The text and the final message of one Generate stream.
 pub struct Completion {
     pub text: String,
+    /// Reasoning and tool calls, when the request split them out.
+    pub thinking: String,
+    pub tool_calls: Vec<pb::ToolCall>,
     pub done: pb::Done,
 }
 
@@ -133,15 +136,22 @@ pub async fn complete(
     req: pb::GenerateRequest,
 ) -> Result<Completion, tonic::Status> {
     let mut stream = client.generate(req).await?.into_inner();
-    let mut text = String::new();
+    let (mut text, mut thinking, mut tool_calls) = (String::new(), String::new(), Vec::new());
     while let Some(msg) = stream.message().await? {
         match msg.event {
             Some(pb::generate_response::Event::Text(t)) => text.push_str(&t),
+            Some(pb::generate_response::Event::Thinking(t)) => thinking.push_str(&t),
+            Some(pb::generate_response::Event::ToolCall(c)) => tool_calls.push(c),
             Some(pb::generate_response::Event::Done(done)) => {
                 if stream.message().await?.is_some() {
                     return Err(tonic::Status::internal("messages after Done"));
                 }
-                return Ok(Completion { text, done });
+                return Ok(Completion {
+                    text,
+                    thinking,
+                    tool_calls,
+                    done,
+                });
             }
             None => return Err(tonic::Status::internal("empty message")),
         }

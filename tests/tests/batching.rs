@@ -4,7 +4,7 @@
 //! limits on sequences and KV capacity hold requests back until room frees.
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use grove_proto::runner::v1 as pb;
 use grove_proto::runner::v1::runner_client::RunnerClient;
 use grove_tests::fixtures;
@@ -144,6 +144,7 @@ async fn joining_a_running_batch() -> Result<()> {
         match m.event {
             Some(pb::generate_response::Event::Text(t)) => text.push_str(&t),
             Some(pb::generate_response::Event::Done(d)) => done = Some(d),
+            Some(_) => bail!("an event not asked for"),
             None => {}
         }
     }

@@ -299,6 +299,9 @@ fn message_value(m: &Message) -> Value {
     if let Some(id) = &m.tool_call_id {
         pairs.push(("tool_call_id", Value::from(id.as_str())));
     }
+    if let Some(r) = &m.reasoning_content {
+        pairs.push(("reasoning_content", Value::from(r.as_str())));
+    }
     Value::from_iter(pairs)
 }
 

@@ -87,6 +87,10 @@ pub struct Message {
     /// On tool messages: the call answered.
     pub tool_call_id: Option<String>,
     pub name: Option<String>,
+    /// On assistant messages: the reasoning of that turn, for templates that
+    /// read `message.reasoning_content` (Qwen3's); omitted when None.
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
 }
 
 impl Message {
@@ -98,6 +102,7 @@ impl Message {
             tool_calls: Vec::new(),
             tool_call_id: None,
             name: None,
+            reasoning_content: None,
         }
     }
 }

@@ -70,6 +70,7 @@ fn message(v: &Json) -> Message {
         tool_calls,
         tool_call_id: text("tool_call_id"),
         name: text("name"),
+        reasoning_content: text("reasoning_content"),
     }
 }
 

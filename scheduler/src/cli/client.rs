@@ -8,15 +8,47 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use grove_proto::v1 as pb;
 use grove_proto::v1::grove_client::GroveClient;
+use tonic::metadata::MetadataValue;
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+/// The CLI's client: every call carries GROVE_API_KEY when it is set.
+pub type Client = GroveClient<InterceptedService<Channel, ApiKey>>;
+
+/// Adds `authorization: Bearer KEY` to every call.
+#[derive(Clone)]
+pub struct ApiKey(Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl ApiKey {
+    fn from_env() -> Result<Self> {
+        match std::env::var("GROVE_API_KEY") {
+            Ok(k) if !k.trim().is_empty() => Ok(Self(Some(
+                format!("Bearer {}", k.trim())
+                    .parse()
+                    .context("GROVE_API_KEY must be printable ASCII")?,
+            ))),
+            _ => Ok(Self(None)),
+        }
+    }
+}
+
+impl Interceptor for ApiKey {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
 /// Connects to the daemon at `addr`, if one answers.
-pub async fn connect(addr: SocketAddr) -> Result<GroveClient<Channel>> {
+pub async fn connect(addr: SocketAddr) -> Result<Client> {
     let channel = Endpoint::from_shared(format!("http://{addr}"))?
         .connect_timeout(Duration::from_secs(1))
         .connect()
         .await?;
-    let mut client = GroveClient::new(channel);
+    let mut client = GroveClient::with_interceptor(channel, ApiKey::from_env()?);
     client.version(pb::VersionRequest {}).await?;
     Ok(client)
 }
@@ -24,7 +56,7 @@ pub async fn connect(addr: SocketAddr) -> Result<GroveClient<Channel>> {
 /// Connects to the daemon, starting `grove serve` in the background first if
 /// none answers. With GROVE_NO_AUTOSTART=1 it only waits (up to 30 s) for one
 /// that is starting elsewhere.
-pub async fn connect_or_start(addr: SocketAddr) -> Result<GroveClient<Channel>> {
+pub async fn connect_or_start(addr: SocketAddr) -> Result<Client> {
     if let Ok(client) = connect(addr).await {
         return Ok(client);
     }

@@ -6,12 +6,11 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use grove_proto::v1 as pb;
-use grove_proto::v1::grove_client::GroveClient;
 use tokio::io::AsyncBufReadExt;
 use tokio::signal::unix::{Signal, SignalKind, signal};
-use tonic::transport::Channel;
 
 use super::RunArgs;
+use super::client::Client;
 
 fn message(role: pb::Role, content: &str) -> pb::Message {
     pb::Message {
@@ -38,7 +37,7 @@ fn options(args: &RunArgs) -> pb::Options {
 /// signal that arrives while text is being printed, which a listener made
 /// anew for each message would miss.
 async fn answer(
-    client: &mut GroveClient<Channel>,
+    client: &mut Client,
     args: &RunArgs,
     keep_alive: Option<i64>,
     history: &[pb::Message],
@@ -85,7 +84,10 @@ async fn answer(
                 }
                 return Ok(Some(text));
             }
-            None => {}
+            // Not asked for (the chat shows the model's text as it is).
+            Some(pb::generate_response::Event::Thinking(_))
+            | Some(pb::generate_response::Event::ToolCall(_))
+            | None => {}
         }
     }
 }
@@ -127,11 +129,7 @@ fn print_metrics(m: &pb::Metrics) {
 }
 
 /// Runs `grove run`.
-pub async fn run(
-    mut client: GroveClient<Channel>,
-    args: RunArgs,
-    keep_alive: Option<i64>,
-) -> Result<()> {
+pub async fn run(mut client: Client, args: RunArgs, keep_alive: Option<i64>) -> Result<()> {
     let mut interrupts = signal(SignalKind::interrupt())?;
     let mut history = Vec::new();
     if let Some(system) = &args.system {

@@ -43,7 +43,7 @@ async fn stream(
                 let tokens = done.metrics.unwrap_or_default().eval_tokens;
                 return Ok((first.unwrap_or(end), end, tokens));
             }
-            None => {}
+            _ => {}
         }
     }
     bail!("stream ended without Done")

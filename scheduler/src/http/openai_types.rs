@@ -1,0 +1,472 @@
+//! OpenAI's request bodies as Grove reads them, and their translation into
+//! `grove.v1` requests. Every field OpenAI defines is either carried out or
+//! refused by name (400); an unknown field is refused too, never ignored.
+use std::collections::HashMap;
+
+use grove_proto::v1 as pb;
+use serde::Deserialize;
+use serde_json::Value;
+
+/// A refusal: the message and the field (`param`) it is about.
+#[derive(Debug)]
+pub struct Invalid {
+    pub message: String,
+    pub param: Option<&'static str>,
+}
+
+fn invalid(param: &'static str, message: impl Into<String>) -> Invalid {
+    Invalid {
+        message: message.into(),
+        param: Some(param),
+    }
+}
+
+/// A string or a list of strings (`stop`, a completion's `prompt`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// A message's content: text, or parts of which only text ones are taken.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Value>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InFunction {
+    pub name: String,
+    pub arguments: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: InFunction,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub tool_calls: Option<Vec<InToolCall>>,
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    /// What an earlier reply refused; only null (as replies carry it back).
+    #[serde(default)]
+    pub refusal: Option<Value>,
+    /// Reasoning of an earlier reply, as Grove returns it; passed to the
+    /// template as the message's `reasoning_content` (Qwen3's reads it).
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
+}
+
+/// The sampling fields chat and completions share.
+#[derive(Debug, Default)]
+pub struct Sampling {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub max_tokens: Option<u32>,
+    pub stop: Option<OneOrMany>,
+    pub seed: Option<i64>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub logit_bias: Option<HashMap<String, f32>>,
+    /// Beyond OpenAI, as mlx-lm's and vLLM's servers take them.
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatCompletionRequest {
+    pub model: String,
+    pub messages: Vec<ChatMessage>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub max_completion_tokens: Option<u32>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    pub response_format: Option<Value>,
+    pub n: Option<u32>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<u32>,
+    /// An end-user id for abuse monitoring; it changes no output, so it is
+    /// taken and not used.
+    #[serde(rename = "user")]
+    pub _user: Option<String>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub max_tokens: Option<u32>,
+    pub stop: Option<OneOrMany>,
+    pub seed: Option<i64>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub logit_bias: Option<HashMap<String, f32>>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionRequest {
+    pub model: String,
+    pub prompt: OneOrMany,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<u32>,
+    pub best_of: Option<u32>,
+    pub echo: Option<bool>,
+    pub logprobs: Option<u32>,
+    pub suffix: Option<String>,
+    #[serde(rename = "user")]
+    pub _user: Option<String>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub max_tokens: Option<u32>,
+    pub stop: Option<OneOrMany>,
+    pub seed: Option<i64>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub logit_bias: Option<HashMap<String, f32>>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+}
+
+/// OpenAI's completions default to 16 tokens.
+const COMPLETION_DEFAULT_MAX_TOKENS: u32 = 16;
+
+fn options(s: Sampling) -> Result<pb::Options, Invalid> {
+    let seed = match s.seed {
+        Some(n) if n < 0 => return Err(invalid("seed", "seed must not be negative")),
+        n => n.map(|n| n as u64),
+    };
+    let mut logit_bias = HashMap::new();
+    for (k, v) in s.logit_bias.unwrap_or_default() {
+        let id: u32 = k
+            .parse()
+            .map_err(|_| invalid("logit_bias", format!("{k:?} is not a token id")))?;
+        if !(-100.0..=100.0).contains(&v) {
+            return Err(invalid("logit_bias", "biases are between -100 and 100"));
+        }
+        logit_bias.insert(id, v);
+    }
+    Ok(pb::Options {
+        temperature: s.temperature,
+        top_k: s.top_k,
+        top_p: s.top_p,
+        min_p: s.min_p,
+        repetition_penalty: s.repetition_penalty,
+        frequency_penalty: s.frequency_penalty,
+        presence_penalty: s.presence_penalty,
+        seed,
+        max_tokens: s.max_tokens,
+        stop: s.stop.map(OneOrMany::into_vec).unwrap_or_default(),
+        logit_bias,
+        ..Default::default()
+    })
+}
+
+fn only_one(n: Option<u32>) -> Result<(), Invalid> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(_) => Err(invalid(
+            "n",
+            "Grove returns one choice per request; n must be 1",
+        )),
+    }
+}
+
+fn stream_options(stream: bool, o: Option<StreamOptions>) -> Result<bool, Invalid> {
+    match o {
+        Some(_) if !stream => Err(invalid(
+            "stream_options",
+            "stream_options is only allowed when stream is true",
+        )),
+        Some(o) => Ok(o.include_usage),
+        None => Ok(false),
+    }
+}
+
+fn text_of(content: Option<Content>, i: usize) -> Result<String, Invalid> {
+    match content {
+        None => Ok(String::new()),
+        Some(Content::Text(t)) => Ok(t),
+        Some(Content::Parts(parts)) => {
+            let mut text = String::new();
+            for p in parts {
+                match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                    (Some(kind), _) => {
+                        return Err(invalid(
+                            "messages",
+                            format!(
+                                "message {i}: content parts of type {kind:?} are not supported (text only)"
+                            ),
+                        ));
+                    }
+                    _ => {
+                        return Err(invalid(
+                            "messages",
+                            format!("message {i}: a content part has no type"),
+                        ));
+                    }
+                }
+            }
+            Ok(text)
+        }
+    }
+}
+
+fn message(m: ChatMessage, i: usize) -> Result<pb::Message, Invalid> {
+    let role = match m.role.as_str() {
+        "system" | "developer" => pb::Role::System,
+        "user" => pb::Role::User,
+        "assistant" => pb::Role::Assistant,
+        "tool" => pb::Role::Tool,
+        other => {
+            return Err(invalid(
+                "messages",
+                format!("message {i}: unknown role {other:?}"),
+            ));
+        }
+    };
+    if m.refusal.as_ref().is_some_and(|r| !r.is_null()) {
+        return Err(invalid(
+            "messages",
+            format!("message {i}: refusal must be null"),
+        ));
+    }
+    if m.reasoning_content.is_some() && role != pb::Role::Assistant {
+        return Err(invalid(
+            "messages",
+            format!("message {i}: only assistant messages have reasoning_content"),
+        ));
+    }
+    let mut tool_calls = Vec::new();
+    for c in m.tool_calls.unwrap_or_default() {
+        if c.kind != "function" {
+            return Err(invalid(
+                "messages",
+                format!("message {i}: tool calls are of type \"function\""),
+            ));
+        }
+        tool_calls.push(pb::ToolCall {
+            id: c.id,
+            name: c.function.name,
+            arguments_json: c.function.arguments,
+        });
+    }
+    if role == pb::Role::Tool && m.tool_call_id.is_none() {
+        return Err(invalid(
+            "messages",
+            format!("message {i}: a tool message needs tool_call_id"),
+        ));
+    }
+    Ok(pb::Message {
+        role: role as i32,
+        content: text_of(m.content, i)?,
+        reasoning_content: m.reasoning_content.unwrap_or_default(),
+        tool_calls,
+        tool_call_id: m.tool_call_id.unwrap_or_default(),
+        name: m.name.unwrap_or_default(),
+    })
+}
+
+/// A checked chat request: the Grove request and whether to report usage
+/// while streaming.
+pub struct Chat {
+    pub request: pb::ChatRequest,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+impl ChatCompletionRequest {
+    pub fn into_grove(self) -> Result<Chat, Invalid> {
+        only_one(self.n)?;
+        if self.logprobs == Some(true) || self.top_logprobs.is_some() {
+            return Err(invalid(
+                "logprobs",
+                "Grove does not return log probabilities",
+            ));
+        }
+        if self.parallel_tool_calls == Some(false) {
+            return Err(invalid(
+                "parallel_tool_calls",
+                "the model may make several calls in one reply; parallel_tool_calls=false is not supported",
+            ));
+        }
+        if let Some(f) = &self.response_format {
+            match f.get("type").and_then(Value::as_str) {
+                Some("text") => {}
+                Some("json_object" | "json_schema") => {
+                    return Err(invalid(
+                        "response_format",
+                        "structured output (json_object, json_schema) is not supported yet",
+                    ));
+                }
+                _ => return Err(invalid("response_format", "unknown response_format type")),
+            }
+        }
+        let include_usage = stream_options(self.stream, self.stream_options)?;
+        let tools = self.tools.unwrap_or_default();
+        for t in &tools {
+            if t.get("type").and_then(Value::as_str) != Some("function")
+                || t.pointer("/function/name")
+                    .and_then(Value::as_str)
+                    .is_none()
+            {
+                return Err(invalid(
+                    "tools",
+                    "each tool is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                ));
+            }
+        }
+        let use_tools = match &self.tool_choice {
+            None => true,
+            Some(Value::String(s)) if s == "auto" => true,
+            Some(Value::String(s)) if s == "none" => false,
+            Some(_) => {
+                return Err(invalid(
+                    "tool_choice",
+                    "tool_choice \"required\" or a named function needs constrained decoding, which is not supported yet; use \"auto\" or \"none\"",
+                ));
+            }
+        };
+        let mut messages = Vec::with_capacity(self.messages.len());
+        for (i, m) in self.messages.into_iter().enumerate() {
+            messages.push(message(m, i)?);
+        }
+        if messages.is_empty() {
+            return Err(invalid("messages", "messages must not be empty"));
+        }
+        let mut options = options(Sampling {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            max_tokens: self.max_completion_tokens.or(self.max_tokens),
+            stop: self.stop,
+            seed: self.seed,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: self.logit_bias,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+        })?;
+        if options.max_tokens == Some(0) {
+            options.max_tokens = None;
+        }
+        let tools_json = if use_tools {
+            tools.iter().map(Value::to_string).collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Chat {
+            request: pb::ChatRequest {
+                model: self.model,
+                messages,
+                parse_tool_calls: !tools_json.is_empty(),
+                tools_json,
+                options: Some(options),
+                split_reasoning: true,
+                ..Default::default()
+            },
+            stream: self.stream,
+            include_usage,
+        })
+    }
+}
+
+/// A checked completion request.
+pub struct Completion {
+    pub request: pb::GenerateRequest,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+impl CompletionRequest {
+    pub fn into_grove(self) -> Result<Completion, Invalid> {
+        only_one(self.n)?;
+        if self.best_of.is_some_and(|b| b != 1) {
+            return Err(invalid("best_of", "best_of must be 1"));
+        }
+        if self.echo == Some(true) {
+            return Err(invalid("echo", "echo is not supported"));
+        }
+        if self.logprobs.is_some() {
+            return Err(invalid(
+                "logprobs",
+                "Grove does not return log probabilities",
+            ));
+        }
+        if self.suffix.is_some() {
+            return Err(invalid(
+                "suffix",
+                "suffix (fill in the middle) is not supported",
+            ));
+        }
+        let include_usage = stream_options(self.stream, self.stream_options)?;
+        let prompt = match self.prompt.into_vec() {
+            v if v.len() == 1 => v.into_iter().next().unwrap_or_default(),
+            _ => return Err(invalid("prompt", "give one prompt (a string)")),
+        };
+        let options = options(Sampling {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            max_tokens: Some(self.max_tokens.unwrap_or(COMPLETION_DEFAULT_MAX_TOKENS)),
+            stop: self.stop,
+            seed: self.seed,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: self.logit_bias,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+        })?;
+        Ok(Completion {
+            request: pb::GenerateRequest {
+                model: self.model,
+                prompt,
+                options: Some(options),
+                keep_alive_ns: None,
+            },
+            stream: self.stream,
+            include_usage,
+        })
+    }
+}

@@ -1,0 +1,91 @@
+"""The `ollama` Python package (from PyPI, unchanged) against a Grove daemon.
+
+Run by tests/tests/http_api.rs: python3 ollama_client.py HOST API_KEY MODEL
+Pulls MODEL from the daemon's hub (a local test hub), then lists, shows,
+chats, generates, lists what runs, and deletes it. Prints a transcript; any
+failed check raises.
+"""
+import json
+import sys
+
+import ollama
+
+host, key, model = sys.argv[1], sys.argv[2], sys.argv[3]
+client = ollama.Client(host=host, headers={"Authorization": f"Bearer {key}"})
+
+
+def show(title, value):
+    print(f"--- {title}")
+    if hasattr(value, "model_dump"):
+        value = value.model_dump(exclude_none=True)
+    print(value if isinstance(value, str) else json.dumps(value, indent=1, default=str))
+
+
+# Pull, streamed: ollama's status lines, ending in success.
+statuses = [p.status for p in client.pull(model, stream=True)]
+show("pull(stream=True): statuses", sorted(set(statuses), key=statuses.index))
+assert statuses[0] == "pulling manifest" and statuses[-1] == "success", statuses
+assert any(s.startswith("pulling ") and s != "pulling manifest" for s in statuses)
+
+listed = client.list()
+show("list()", listed)
+assert any(m.model == model and m.size > 0 for m in listed.models)
+
+info = client.show(model)
+show("show(): details, capabilities", {"details": info.details.model_dump(), "capabilities": info.capabilities})
+assert info.template and info.modelinfo["general.parameter_count"] > 0
+
+messages = [{"role": "user", "content": "Why is the sky blue?"}]
+r = client.chat(model=model, messages=messages, options={"num_predict": 8, "temperature": 0})
+show("chat(num_predict=8, temperature=0)", r)
+assert r.done and r.done_reason == "length" and r.eval_count == 8 and r.message.role == "assistant"
+assert r.total_duration > 0 and r.prompt_eval_count > 0
+parts = list(client.chat(model=model, messages=messages, stream=True, options={"num_predict": 8, "temperature": 0}))
+show(f"chat(stream=True): {len(parts)} lines, last", parts[-1])
+assert "".join(p.message.content for p in parts) == r.message.content
+assert parts[-1].done and not parts[0].done
+
+tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+history = messages + [
+    {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "content": "22 C", "tool_name": "get_weather"},
+]
+t = client.chat(model=model, messages=history, tools=tools, options={"num_predict": 4})
+show("chat(tools, a tool result in the history): prompt_eval_count", t.prompt_eval_count)
+assert t.prompt_eval_count > r.prompt_eval_count
+
+g = client.generate(model=model, prompt="Why is the sky blue?", options={"num_predict": 8, "temperature": 0})
+show("generate(num_predict=8)", g)
+assert g.done and g.eval_count == 8 and g.response
+assert g.response == r.message.content  # the same chat template, the same greedy tokens
+raw = list(client.generate(model=model, prompt="Once upon a time", raw=True, stream=True, options={"num_predict": 5}))
+show(f"generate(raw=True, stream=True): {len(raw)} lines", "".join(p.response for p in raw))
+assert raw[-1].done and raw[-1].eval_count == 5
+
+running = client.ps()
+show("ps()", running)
+assert any(m.model == model and m.context_length > 0 for m in running.models)
+
+try:
+    client.chat(model=model, messages=messages, format="json")
+    raise AssertionError("format was accepted")
+except ollama.ResponseError as e:
+    show("chat(format='json') -> ResponseError", f"{e.status_code} {e.error}")
+    assert e.status_code == 400
+try:
+    client.chat(model=model, messages=messages, options={"num_gpu": 1})
+    raise AssertionError("num_gpu was accepted")
+except ollama.ResponseError as e:
+    show("chat(options={'num_gpu': 1}) -> ResponseError", f"{e.status_code} {e.error}")
+    assert e.status_code == 400
+try:
+    client.chat(model="nobody/no-such-model", messages=messages)
+    raise AssertionError("an unknown model was accepted")
+except ollama.ResponseError as e:
+    show("chat(an unknown model) -> ResponseError", f"{e.status_code} {e.error}")
+    assert e.status_code == 404
+
+show("delete()", client.delete(model))
+assert not any(m.model == model for m in client.list().models)
+print("ollama client: all checks passed")

@@ -1,0 +1,114 @@
+"""The `openai` Python package (from PyPI, unchanged) against a Grove daemon.
+
+Run by tests/tests/http_api.rs: python3 openai_client.py BASE_URL API_KEY MODEL
+Prints a transcript of what the client sent and got; any failed check raises.
+"""
+import json
+import sys
+
+import openai
+
+base, key, model = sys.argv[1], sys.argv[2], sys.argv[3]
+client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+messages = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def show(title, value):
+    print(f"--- {title}")
+    print(value if isinstance(value, str) else json.dumps(value, indent=1, default=str))
+
+
+# Models.
+ids = [m.id for m in client.models.list().data]
+show("models.list()", ids)
+assert model in ids, ids
+assert client.models.retrieve(model).id == model
+
+# Chat, not streamed: greedy, so repeatable.
+r = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0)
+show("chat.completions.create(max_tokens=12, temperature=0)", r.model_dump(exclude_none=True))
+choice = r.choices[0]
+assert choice.finish_reason == "length", choice.finish_reason
+assert r.usage.completion_tokens == 12 and r.usage.prompt_tokens > 0
+first_text = choice.message.content
+assert first_text
+
+# The same again: the prompt comes from the prompt cache, and the text is the same.
+r2 = client.chat.completions.create(model=model, messages=messages, max_completion_tokens=12, temperature=0)
+cached = r2.usage.prompt_tokens_details.cached_tokens
+show("again: usage", r2.usage.model_dump(exclude_none=True))
+assert r2.choices[0].message.content == first_text
+assert cached > 0, cached
+
+# Streamed, with usage at the end.
+stream = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=12, temperature=0, stream=True,
+    stream_options={"include_usage": True},
+)
+chunks = list(stream)
+text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+usage = chunks[-1].usage
+show(f"stream=True: {len(chunks)} chunks", {"text": text, "finish_reason": finish, "usage": usage.model_dump()})
+assert text == first_text, (text, first_text)
+assert finish == ["length"] and usage.completion_tokens == 12
+
+# Sampling options, a stop string and a seed: the same seed gives the same text.
+kw = dict(model=model, messages=messages, max_tokens=10, temperature=0.9, top_p=0.9, seed=7,
+          frequency_penalty=0.5, presence_penalty=0.5, logit_bias={"17": -100})
+a = client.chat.completions.create(**kw).choices[0].message.content
+b = client.chat.completions.create(**kw).choices[0].message.content
+show("seed=7 twice", [a, b])
+assert a == b
+stop = first_text[3:6]
+if stop.strip():
+    s = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0, stop=[stop])
+    show(f"stop={stop!r}", s.choices[0].message.content)
+    assert stop not in s.choices[0].message.content and s.choices[0].finish_reason == "stop"
+
+# Tools: the definitions reach the template (a longer prompt); the reply is
+# the random model's text, so only its shape is checked.
+tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+t = client.chat.completions.create(model=model, messages=messages, tools=tools, tool_choice="auto", max_tokens=4)
+show("tools=[get_weather]: usage", t.usage.model_dump(exclude_none=True))
+assert t.usage.prompt_tokens > r.usage.prompt_tokens
+# A conversation carrying a tool call and its result renders.
+history = messages + [
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "22 C and sunny"},
+]
+h = client.chat.completions.create(model=model, messages=history, tools=tools, max_tokens=4)
+show("a tool result in the history: finish_reason", h.choices[0].finish_reason)
+
+# Legacy completions.
+c = client.completions.create(model=model, prompt="Once upon a time", max_tokens=5, temperature=0)
+show("completions.create", c.model_dump(exclude_none=True))
+assert c.choices[0].finish_reason == "length" and c.usage.completion_tokens == 5
+
+
+def expect(error, title, **kw):
+    try:
+        client.chat.completions.create(**{"model": model, "messages": messages, "max_tokens": 2, **kw})
+    except error as e:
+        show(f"{title} -> {type(e).__name__} {e.status_code}", e.body)
+        return e
+    raise AssertionError(f"{title}: no {error.__name__}")
+
+
+expect(openai.BadRequestError, "n=2", n=2)
+expect(openai.BadRequestError, "response_format=json_schema",
+       response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
+expect(openai.BadRequestError, "logprobs=True", logprobs=True)
+expect(openai.BadRequestError, "an unknown field (extra_body)", extra_body={"mirostat": 2})
+expect(openai.BadRequestError, "temperature=-1", temperature=-1)
+e = expect(openai.NotFoundError, "an unknown model", model="nobody/no-such-model")
+assert e.body["code"] == "model_not_found", e.body
+bad = openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0)
+try:
+    bad.models.list()
+    raise AssertionError("a wrong key was accepted")
+except openai.AuthenticationError as e:
+    show(f"a wrong API key -> {type(e).__name__} {e.status_code}", e.body)
+print("openai client: all checks passed")
