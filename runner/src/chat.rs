@@ -3,13 +3,15 @@
 //! ([`crate::chat_template::sandbox`]) and tokenized on a blocking-pool
 //! thread, so the engine only ever sees token ids and a hostile template or
 //! a huge prompt holds no one else up.
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::chat_template::sandbox::{RenderJob, Sandbox};
 use crate::chat_template::{
     ChatRequest, ChatTemplate, Message, RENDER_BYTES_PER_TOKEN, Role, TemplateSpec,
 };
+use crate::detokenize::TokenTable;
 use crate::error::{Result, RunnerError};
+use crate::grammar::{Compiler, Constraint, Grammar};
 use crate::tokenizer::Tokenizer;
 
 /// What chat requests need of a loaded model.
@@ -19,6 +21,11 @@ pub struct ChatParts {
     pub templates: std::result::Result<TemplateSpec, String>,
     /// The engine's context length, in tokens.
     pub context: usize,
+    /// Token bytes and the logits' width, for output constraints.
+    table: Arc<TokenTable>,
+    vocab: usize,
+    /// Built by the first constrained request (a trie over the vocabulary).
+    compiler: OnceLock<std::result::Result<Arc<Compiler>, String>>,
 }
 
 impl ChatParts {
@@ -28,6 +35,8 @@ impl ChatParts {
         tokenizer: Arc<Tokenizer>,
         spec: Result<Option<TemplateSpec>>,
         context: usize,
+        table: Arc<TokenTable>,
+        vocab: usize,
     ) -> Self {
         let templates = match spec {
             Ok(Some(spec)) => ChatTemplate::from_spec(&spec, None)
@@ -40,7 +49,19 @@ impl ChatParts {
             tokenizer,
             templates,
             context,
+            table,
+            vocab,
+            compiler: OnceLock::new(),
         }
+    }
+
+    /// Compiles an output constraint (call off the engine thread: the first
+    /// one builds the vocabulary's trie).
+    pub fn compile(&self, constraint: &Constraint) -> std::result::Result<Grammar, String> {
+        let compiler = self
+            .compiler
+            .get_or_init(|| Compiler::new(&self.tokenizer, &self.table, self.vocab).map(Arc::new));
+        compiler.as_ref().map_err(Clone::clone)?.compile(constraint)
     }
 
     /// The most bytes a rendering may have.

@@ -218,6 +218,30 @@ impl TokenTable {
         }
     }
 
+    /// The bytes `id` stands for in decoded text (what a grammar matches),
+    /// or None when this kind of tokenizer has no per-token bytes (Naive).
+    pub fn text_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        match self.kind {
+            DetokenizerKind::Bpe => Some(self.final_bytes(id).to_vec()),
+            DetokenizerKind::Spm { .. } => {
+                let raw = self.bytes(id);
+                let mut out = Vec::with_capacity(raw.len());
+                let mut i = 0;
+                while i < raw.len() {
+                    if raw[i..].starts_with("\u{2581}".as_bytes()) {
+                        out.push(b' ');
+                        i += 3;
+                    } else {
+                        out.push(raw[i]);
+                        i += 1;
+                    }
+                }
+                Some(out)
+            }
+            DetokenizerKind::Naive => None,
+        }
+    }
+
     /// The bytes of `id` as decoded at `finalize`.
     fn final_bytes(&self, id: u32) -> &[u8] {
         match self.final_bytes.get(&id) {

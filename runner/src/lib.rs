@@ -25,7 +25,11 @@
 //!   streaming detokenizers do.
 //! - [`output`]: a chat reply split into reasoning, tool calls (per
 //!   family, [`tool_args`]) and content, streamed.
+//! - [`tool_choice`]: a reply constrained to one tool call (tool_choice
+//!   "required" or named).
 //! - [`stop`]: stop strings over streamed text, holding back possible prefixes.
+//! - [`grammar`]: structured output: JSON schemas and grammars compiled
+//!   (llguidance) into per-token masks for the sampler.
 //! - [`sample`]: mlx-lm's samplers and logits processors (top-p/min-p/top-k,
 //!   penalties, logit bias), seeded.
 //! - [`tokenizer`]: tokenizer.json plus the BOS/EOS facts a generation needs.
@@ -42,6 +46,7 @@ pub mod detokenize;
 pub mod engine;
 pub mod error;
 pub mod generate;
+pub mod grammar;
 pub mod import;
 pub mod memory;
 pub mod model;
@@ -54,5 +59,6 @@ pub mod source;
 pub mod stop;
 pub mod tokenizer;
 pub mod tool_args;
+pub mod tool_choice;
 
 pub use error::RunnerError;

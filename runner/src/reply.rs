@@ -31,14 +31,7 @@ pub fn format(
         None
     };
     let (tools, schemas) = if split.tool_calls && !request.tools.is_empty() {
-        let templates = parts.templates.as_ref().ok();
-        let text: String = templates
-            .map(|t| t.sources.iter().map(|s| s.text.as_str()).collect())
-            .unwrap_or_default();
-        (
-            ToolFormat::detect(&text),
-            ToolSchemas::from_tools(&request.tools),
-        )
+        (tool_format(parts), ToolSchemas::from_tools(&request.tools))
     } else {
         (None, ToolSchemas::default())
     };
@@ -55,6 +48,13 @@ pub fn format(
         schemas,
         starts_thinking,
     })
+}
+
+/// The model's tool-call format, from its templates.
+pub fn tool_format(parts: &ChatParts) -> Option<ToolFormat> {
+    let templates = parts.templates.as_ref().ok()?;
+    let text: String = templates.sources.iter().map(|s| s.text.as_str()).collect();
+    ToolFormat::detect(&text)
 }
 
 /// One stream's splitter (or none: text passes through).

@@ -12,6 +12,7 @@ use crate::chat_template::{ChatRequest, Message, Role, ToolCall};
 use crate::engine::{Job, KvChoice, SubmitError};
 use crate::error::RunnerError;
 use crate::generate::GenerateParams;
+use crate::grammar::Constraint;
 use crate::sample::SamplingOptions;
 
 pub fn submit_status(e: SubmitError) -> Status {
@@ -156,7 +157,10 @@ pub struct Split {
 
 /// Checks the options against the model's facts, and builds the engine's job
 /// (with an empty prompt when it is a conversation still to render).
-pub fn job(req: pb::GenerateRequest, vocab: usize) -> Result<(Job, Prompt), Status> {
+pub fn job(
+    req: pb::GenerateRequest,
+    vocab: usize,
+) -> Result<(Job, Prompt, Option<Constraint>), Status> {
     let prompt = match req.input {
         Some(pb::generate_request::Input::Prompt(text)) => Prompt::Text(text),
         Some(pb::generate_request::Input::Tokens(list)) => Prompt::Tokens(list.ids),
@@ -192,8 +196,33 @@ pub fn job(req: pb::GenerateRequest, vocab: usize) -> Result<(Job, Prompt), Stat
         num_ctx: req.num_ctx as usize,
         stop: req.stop,
         kv,
+        grammar: None,
     };
-    Ok((job, prompt))
+    let constraint = constraint(req.constraint)?;
+    Ok((job, prompt, constraint))
+}
+
+/// A request's output constraint; a schema that is not JSON is refused here.
+fn constraint(c: Option<pb::Constraint>) -> Result<Option<Constraint>, Status> {
+    use pb::constraint::Kind;
+    Ok(match c.and_then(|c| c.kind) {
+        None | Some(Kind::JsonObject(false)) => None,
+        Some(Kind::JsonObject(true)) => Some(Constraint::JsonObject),
+        Some(Kind::JsonSchema(s)) => {
+            let schema: serde_json::Value = serde_json::from_str(&s).map_err(|e| {
+                Status::invalid_argument(format!("the JSON schema is not JSON: {e}"))
+            })?;
+            if !schema.is_object() && !schema.is_boolean() {
+                return Err(Status::invalid_argument("a JSON schema is an object"));
+            }
+            Some(Constraint::JsonSchema(schema))
+        }
+        Some(Kind::Lark(s)) => Some(Constraint::Lark(s)),
+        Some(Kind::Regex(s)) => Some(Constraint::Regex(s)),
+        Some(Kind::ToolCall(t)) => {
+            Some(Constraint::ToolCall((!t.name.is_empty()).then_some(t.name)))
+        }
+    })
 }
 
 /// A request's KV cache: the runner's unless it names a bit width; 0 is

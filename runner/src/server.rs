@@ -19,10 +19,12 @@ use crate::chat_template::sandbox::Sandbox;
 use crate::chat_template::{ChatRequest, Message, Role};
 use crate::engine::{Activity, Engine, EngineConfig, Event, LoadState, Snapshot};
 use crate::generate::FinishReason;
+use crate::grammar::Constraint;
 use crate::memory::MemorySource;
 use crate::model::Architecture;
 use crate::reply::{self, Reply};
 use crate::request::{Prompt, job, runner_status, submit_status, template_vars, tools};
+use crate::tool_choice;
 
 /// How `serve` is set up.
 #[derive(Debug, Clone)]
@@ -291,6 +293,8 @@ fn done_of(reason: FinishReason, m: crate::engine::Metrics) -> pb::Done {
             eval_tokens: m.eval_tokens as u32,
             eval_ns: m.eval.as_nanos() as u64,
             cached_prompt_tokens_disk: m.cached_from_disk as u32,
+            constraint_ns: m.constraint.as_nanos() as u64,
+            constraint_steps: m.constraint_steps,
         }),
     }
 }
@@ -324,7 +328,30 @@ impl Runner for Service {
             .snapshot()
             .facts
             .map_or(usize::MAX, |f| f.vocab_size);
-        let (mut job, prompt) = job(req.into_inner(), vocab)?;
+        let (mut job, prompt, mut constraint) = job(req.into_inner(), vocab)?;
+        if let (Some(Constraint::ToolCall(name)), Prompt::Chat(request, _, split)) =
+            (&constraint, &prompt)
+        {
+            let parts = self.engine.chat_parts().await.map_err(runner_status)?;
+            if !split.tool_calls {
+                return Err(Status::invalid_argument(
+                    "a tool-call constraint needs parse_tool_calls",
+                ));
+            }
+            let format = reply::tool_format(&parts);
+            let lark = tool_choice::grammar(format, &request.tools, name.as_deref())
+                .map_err(Status::invalid_argument)?;
+            constraint = Some(Constraint::Lark(lark));
+        }
+        if let Some(constraint) = constraint {
+            // Compiled on the blocking pool: a schema can take milliseconds.
+            let parts = self.engine.chat_parts().await.map_err(runner_status)?;
+            let grammar = tokio::task::spawn_blocking(move || parts.compile(&constraint))
+                .await
+                .map_err(|e| Status::internal(format!("compiling the constraint: {e}")))?
+                .map_err(Status::invalid_argument)?;
+            job.grammar = Some(grammar);
+        }
         let mut format = None;
         job.input = match prompt {
             Prompt::Tokens(ids) => ids,

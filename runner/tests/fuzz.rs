@@ -218,6 +218,11 @@ fn sample_request() -> pb::GenerateRequest {
         kv_bits: Some(4),
         kv_group_size: Some(64),
         quantized_kv_start: Some(0),
+        constraint: Some(pb::Constraint {
+            kind: Some(pb::constraint::Kind::JsonSchema(
+                r#"{"type": "object", "properties": {"a": {"type": "integer"}}}"#.into(),
+            )),
+        }),
     }
 }
 

@@ -224,6 +224,7 @@ fn batched_invariant_with(name: &str, kv: Option<grove_runner::cache::KvSetting>
         num_ctx: 0,
         stop: Vec::new(),
         kv: Default::default(),
+        grammar: None,
     };
     let mut after = Vec::new();
     rt.block_on(async {

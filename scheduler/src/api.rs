@@ -81,6 +81,19 @@ pub(crate) fn runner_request(
         kv_bits: o.kv_bits,
         kv_group_size: o.kv_group_size,
         quantized_kv_start: o.quantized_kv_start,
+        constraint: o.constraint.map(|c| rpb::Constraint {
+            kind: c.kind.map(|k| {
+                use pb::constraint::Kind as K;
+                use rpb::constraint::Kind as R;
+                match k {
+                    K::JsonObject(b) => R::JsonObject(b),
+                    K::JsonSchema(s) => R::JsonSchema(s),
+                    K::Lark(s) => R::Lark(s),
+                    K::Regex(s) => R::Regex(s),
+                    K::ToolCall(t) => R::ToolCall(rpb::ToolCallConstraint { name: t.name }),
+                }
+            }),
+        }),
     }
 }
 
@@ -147,6 +160,8 @@ fn done(d: rpb::Done, load: Duration, started: Instant) -> pb::GenerateResponse 
                 load_ns: load.as_nanos() as u64,
                 total_ns: started.elapsed().as_nanos() as u64,
                 cached_prompt_tokens_disk: m.cached_prompt_tokens_disk,
+                constraint_ns: m.constraint_ns,
+                constraint_steps: m.constraint_steps,
             }),
         })),
     }

@@ -67,11 +67,21 @@ running = client.ps()
 show("ps()", running)
 assert any(m.model == model and m.context_length > 0 for m in running.models)
 
+person = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+          "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"], "additionalProperties": False}
+j = client.chat(model=model, messages=messages, format=person, options={"num_predict": 200})
+show("chat(format=SCHEMA)", j.message.content)
+p = json.loads(j.message.content)
+assert j.done_reason == "stop" and set(p) == {"name", "age"} and 0 <= p["age"] <= 120
+j = client.generate(model=model, prompt="JSON please", format="json", options={"num_predict": 300})
+show("generate(format='json'): done_reason", j.done_reason)
+if j.done_reason == "stop":
+    assert isinstance(json.loads(j.response), (dict, list))
 try:
-    client.chat(model=model, messages=messages, format="json")
-    raise AssertionError("format was accepted")
+    client.chat(model=model, messages=messages, format={"type": "strange"})
+    raise AssertionError("a bad schema was accepted")
 except ollama.ResponseError as e:
-    show("chat(format='json') -> ResponseError", f"{e.status_code} {e.error}")
+    show("chat(format={'type': 'strange'}) -> ResponseError", f"{e.status_code} {e.error}")
     assert e.status_code == 400
 try:
     client.chat(model=model, messages=messages, options={"num_gpu": 1})

@@ -82,6 +82,54 @@ history = messages + [
 h = client.chat.completions.create(model=model, messages=history, tools=tools, max_tokens=4)
 show("a tool result in the history: finish_reason", h.choices[0].finish_reason)
 
+# Structured output: JSON following a schema, always.
+person = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "color": {"enum": ["red", "green", "blue"]}}, "required": ["name", "age", "color"], "additionalProperties": False}
+s = client.chat.completions.create(model=model, messages=messages, max_tokens=200, response_format={
+    "type": "json_schema", "json_schema": {"name": "person", "schema": person, "strict": True}})
+show("response_format=json_schema", s.choices[0].message.content)
+assert s.choices[0].finish_reason == "stop"
+p = json.loads(s.choices[0].message.content)
+assert set(p) == {"name", "age", "color"} and isinstance(p["name"], str) and len(p["name"]) <= 8
+assert isinstance(p["age"], int) and 0 <= p["age"] <= 120 and p["color"] in ("red", "green", "blue")
+o = client.chat.completions.create(model=model, messages=messages, max_tokens=300,
+                                   response_format={"type": "json_object"})
+show("response_format=json_object: finish_reason", o.choices[0].finish_reason)
+if o.choices[0].finish_reason == "stop":
+    assert isinstance(json.loads(o.choices[0].message.content), dict)
+# The SDK's own parse helper (pydantic) on the same constraint.
+try:
+    import pydantic
+
+    class Person(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+        name: str = pydantic.Field(max_length=8)
+        age: int = pydantic.Field(ge=0, le=120)
+        ok: bool
+
+    parsed = client.chat.completions.parse(model=model, messages=messages, max_tokens=200, response_format=Person)
+    show("chat.completions.parse(response_format=Person)", repr(parsed.choices[0].message.parsed))
+    assert isinstance(parsed.choices[0].message.parsed, Person)
+except AttributeError:
+    pass
+
+# A forced tool call: parsed into tool_calls, its arguments following the schema.
+weather = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"], "additionalProperties": False}}}]
+f = client.chat.completions.create(model=model, messages=messages, tools=weather, tool_choice="required", max_tokens=300)
+show("tool_choice=required", f.choices[0].model_dump(exclude_none=True))
+call = f.choices[0].message.tool_calls[0]
+args = json.loads(call.function.arguments)
+assert f.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+assert args["city"] in ("Paris", "Rome") and 1 <= args["days"] <= 7
+stream = client.chat.completions.create(model=model, messages=messages, tools=weather, max_tokens=300, stream=True,
+                                        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+deltas = [d for c in stream if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+show("tool_choice=get_weather, stream=True: tool call deltas", [d.model_dump(exclude_none=True) for d in deltas])
+assert len(deltas) == 1 and deltas[0].function.name == "get_weather" and json.loads(deltas[0].function.arguments)
+
 # Legacy completions.
 c = client.completions.create(model=model, prompt="Once upon a time", max_tokens=5, temperature=0)
 show("completions.create", c.model_dump(exclude_none=True))
@@ -98,8 +146,10 @@ def expect(error, title, **kw):
 
 
 expect(openai.BadRequestError, "n=2", n=2)
-expect(openai.BadRequestError, "response_format=json_schema",
-       response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
+expect(openai.BadRequestError, "a schema llguidance cannot compile",
+       response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strange"}}})
+expect(openai.BadRequestError, "tool_choice naming no tool", tools=weather,
+       tool_choice={"type": "function", "function": {"name": "nope"}})
 expect(openai.BadRequestError, "logprobs=True", logprobs=True)
 expect(openai.BadRequestError, "an unknown field (extra_body)", extra_body={"mirostat": 2})
 expect(openai.BadRequestError, "temperature=-1", temperature=-1)

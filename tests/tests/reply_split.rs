@@ -108,7 +108,11 @@ async fn markup_that_does_not_parse_comes_back_as_text() -> Result<()> {
     let r = complete(&mut client, req).await?;
     ensure!(r.text == "<tool_call>".repeat(3), "{:?}", r.text);
     ensure!(r.tool_calls.is_empty());
-    ensure!(r.reason() == pb::DoneReason::InvalidToolCall, "{:?}", r.reason());
+    ensure!(
+        r.reason() == pb::DoneReason::InvalidToolCall,
+        "{:?}",
+        r.reason()
+    );
     // Without parse_tool_calls the same reply is plain text that ran to its length.
     let mut plain = chat(false, &[TOOL], 3);
     plain.sampling = Some(pb::SamplingOptions {

@@ -114,7 +114,7 @@ impl Worker {
         l: &mut Loaded,
         request: Request,
     ) -> std::result::Result<Option<Prefilling>, (Client, RunnerError)> {
-        let (client, prompt, job, slot) = match request {
+        let (client, prompt, mut job, slot) = match request {
             Request::Generate { job, events, slot } => {
                 let prompt = job.input.clone();
                 (Client::Generate(events), prompt, Some(*job), slot)
@@ -201,6 +201,7 @@ impl Worker {
             stops,
             slot: Some(slot),
             kv,
+            grammar: job.as_mut().and_then(|j| j.grammar.take()),
         };
         match Sequence::new(spec) {
             Ok(mut sequence) => {

@@ -189,7 +189,25 @@ impl Batch {
             layer.maybe_quantize(self.kv).phase("decode")?;
         }
         let last = hidden.try_index((.., -1, ..)).phase("decode")?;
-        let logits = model.decoder.logits(&last).phase("decode")?;
+        let mut logits = model.decoder.logits(&last).phase("decode")?;
+        // Structured output: the rows' grammars take the tokens being fed
+        // (read back now, while the forward runs) and mask the logits.
+        let mut read_back = None;
+        if self.rows.iter().any(|r| r.grammar.is_some()) {
+            async_eval([&logits]).phase("decode")?;
+            eval([&y]).phase("decode")?;
+            let fed: Vec<u32> = y.as_slice::<u32>().to_vec();
+            let v = logits.shape()[1] as usize;
+            let mut masks = vec![0f32; self.rows.len() * v];
+            for (i, row) in self.rows.iter_mut().enumerate() {
+                if let Some(mask) = row.constraint_mask(fed.get(i).copied())? {
+                    masks[i * v..(i + 1) * v].copy_from_slice(&mask[..v.min(mask.len())]);
+                }
+            }
+            let masks = Array::from_slice(&masks, &[b, v as i32]);
+            logits = logits.add(&masks).phase("decode")?;
+            read_back = Some(fed);
+        }
         // 2. Sample every row: one argmax when all are plain greedy, else
         //    each row with its own sampler (its seed, its penalties).
         let plain = self
@@ -224,8 +242,13 @@ impl Batch {
         };
         async_eval([&next]).phase("decode")?;
         // 3. Read the pending tokens back (the next step is already running).
-        eval([&y]).phase("decode")?;
-        let tokens: Vec<u32> = y.as_slice::<u32>().to_vec();
+        let tokens: Vec<u32> = match read_back {
+            Some(tokens) => tokens,
+            None => {
+                eval([&y]).phase("decode")?;
+                y.as_slice::<u32>().to_vec()
+            }
+        };
         let mut outcomes = Vec::with_capacity(self.rows.len());
         for (row, &token) in self.rows.iter_mut().zip(&tokens) {
             let mut outcome = row.on_fed(token);

@@ -157,6 +157,9 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Its KV cache.
     pub kv: KvChoice,
+    /// Structured output: the compiled constraint (compiled before the job
+    /// reaches the engine thread).
+    pub grammar: Option<crate::grammar::Grammar>,
 }
 
 /// Counters of one generation.
@@ -169,6 +172,9 @@ pub struct Metrics {
     pub prompt_eval: Duration,
     pub eval_tokens: usize,
     pub eval: Duration,
+    /// Time on the output constraint, and its masks.
+    pub constraint: Duration,
+    pub constraint_steps: u32,
 }
 
 /// What a generation streams.

@@ -13,8 +13,9 @@ use super::prompt_cache::Checkpoint;
 use super::{Event, Metrics, Prewarmed};
 use crate::cache::KvSetting;
 use crate::detokenize::{Detokenizer, TokenTable};
-use crate::error::{Result, RunnerError};
+use crate::error::{MlxPhase, Result, RunnerError};
 use crate::generate::FinishReason;
+use crate::grammar::Grammar;
 use crate::sample::Sampler;
 use crate::stop::StopMatcher;
 
@@ -74,6 +75,8 @@ pub struct Sequence {
     /// Text waiting for a client that reads slowly (never blocks the batch).
     outbox: String,
     stopped_by_string: bool,
+    /// Structured output: the tokens the sampler may pick, step by step.
+    pub grammar: Option<Grammar>,
 }
 
 /// Everything a sequence needs to be made.
@@ -91,6 +94,7 @@ pub struct Spec {
     /// sequence is dropped.
     pub slot: Option<OwnedSemaphorePermit>,
     pub kv: Option<KvSetting>,
+    pub grammar: Option<Grammar>,
 }
 
 impl Sequence {
@@ -122,6 +126,7 @@ impl Sequence {
             kv: spec.kv,
             outbox: String::new(),
             stopped_by_string: false,
+            grammar: spec.grammar,
             prompt: spec.prompt,
             _slot: spec.slot,
         })
@@ -158,7 +163,46 @@ impl Sequence {
 
     /// Samples the first token from the last prompt position's logits.
     pub fn first_token(&mut self, logits: &Array) -> Result<Array> {
-        self.sampler.sample(logits, &self.history)
+        match self.constraint_mask(None)? {
+            Some(row) => {
+                let mask = Array::from_slice(&row, &[1, row.len() as i32]);
+                let masked = logits.add(&mask).phase("constraining the output")?;
+                self.sampler.sample(&masked, &self.history)
+            }
+            None => self.sampler.sample(logits, &self.history),
+        }
+    }
+
+    /// Structured output: advances the grammar past `fed` (the token the
+    /// batch just read back for this row, unless it is the prompt's last
+    /// one or an end of sequence) and returns the next token's additive
+    /// mask (0 or -inf per logit).
+    pub fn constraint_mask(&mut self, fed: Option<u32>) -> Result<Option<Vec<f32>>> {
+        let Some(grammar) = self.grammar.as_mut() else {
+            return Ok(None);
+        };
+        let mut advanced = Ok(());
+        if let Some(token) = fed
+            && !self.prompt_pending
+            && !self.eos.contains(&token)
+        {
+            advanced = grammar.consume(token);
+        }
+        match advanced.and_then(|()| grammar.mask()) {
+            Ok(mask) => Ok(Some(mask)),
+            // Masks keep the grammar from failing; should it fail anyway,
+            // this row ends (only end of sequence is left), not the batch.
+            Err(e) => {
+                eprintln!("grove-runner: the output constraint failed: {e}; ending the reply");
+                let mut mask = vec![f32::NEG_INFINITY; grammar.vocab()];
+                for &id in self.eos.iter() {
+                    if let Some(v) = mask.get_mut(id as usize) {
+                        *v = 0.0;
+                    }
+                }
+                Ok(Some(mask))
+            }
+        }
     }
 
     /// Joins the batch with the last prompt token as its next input: until
@@ -248,6 +292,8 @@ impl Sequence {
             prompt_eval,
             eval_tokens: self.tokens.len(),
             eval: self.first_at.map_or(Duration::ZERO, |t| t.elapsed()),
+            constraint: self.grammar.as_ref().map_or(Duration::ZERO, Grammar::spent),
+            constraint_steps: self.grammar.as_ref().map_or(0, Grammar::steps),
         }
     }
 

@@ -282,10 +282,17 @@ impl Worker {
             parallel,
             kv_capacity: capacity,
         };
-        let parts = ChatParts::new(tokenizer.clone(), opened.templates.spec(), context);
+        let table = Arc::new(TokenTable::new(&tokenizer));
+        let parts = ChatParts::new(
+            tokenizer.clone(),
+            opened.templates.spec(),
+            context,
+            table.clone(),
+            model.dims.vocab as usize,
+        );
         let loaded = Loaded {
             eos: tokenizer.eos_ids().to_vec().into(),
-            table: Arc::new(TokenTable::new(&tokenizer)),
+            table,
             cache: PromptCache::new(model.kinds()),
             model,
             budget,

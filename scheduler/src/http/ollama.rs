@@ -200,9 +200,10 @@ async fn reply(
 async fn chat(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) -> Response {
     let req: ChatRequest = tri!(parse(body));
     let logprobs = req.logprobs == Some(true) || req.top_logprobs.is_some();
-    tri!(t::unsupported(req.format.as_ref(), false, logprobs).map_err(bad));
+    tri!(t::unsupported(false, logprobs).map_err(bad));
     let keep = tri!(keep_alive(req.keep_alive.as_ref()).map_err(bad));
-    let opts = tri!(options(req.options.as_ref()).map_err(bad));
+    let mut opts = tri!(options(req.options.as_ref()).map_err(bad));
+    opts.constraint = tri!(t::format(req.format.as_ref()).map_err(bad));
     let thinking = tri!(think(req.think.as_ref()).map_err(bad));
     let model = req.model.clone();
     let line = move |text: &str, thinking: &str, calls: Value| {
@@ -250,7 +251,7 @@ async fn generate(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejectio
     let req: GenerateRequest = tri!(parse(body));
     let logprobs = req.logprobs == Some(true) || req.top_logprobs.is_some();
     let images = req.images.as_ref().is_some_and(|v| !v.is_empty());
-    tri!(t::unsupported(req.format.as_ref(), images, logprobs).map_err(bad));
+    tri!(t::unsupported(images, logprobs).map_err(bad));
     if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
         return bad("suffix (fill in the middle) is not supported");
     }
@@ -263,7 +264,8 @@ async fn generate(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejectio
         return bad("context (token ids of an earlier reply) is not supported; use /api/chat");
     }
     let keep = tri!(keep_alive(req.keep_alive.as_ref()).map_err(bad));
-    let opts = tri!(options(req.options.as_ref()).map_err(bad));
+    let mut opts = tri!(options(req.options.as_ref()).map_err(bad));
+    opts.constraint = tri!(t::format(req.format.as_ref()).map_err(bad));
     let thinking = tri!(think(req.think.as_ref()).map_err(bad));
     let model = req.model.clone();
     let line = move |text: &str, thinking: &str, _: Value| {

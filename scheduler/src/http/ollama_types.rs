@@ -241,13 +241,23 @@ pub fn think(v: Option<&Value>) -> Result<Option<bool>, String> {
     }
 }
 
-/// Refuses what Grove does not do yet or at all.
-pub fn unsupported(format: Option<&Value>, images: bool, logprobs: bool) -> Result<(), String> {
-    match format {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s.is_empty() => {}
-        Some(_) => return Err("format (structured output) is not supported yet".into()),
-    }
+/// ollama's `format`: "json" (any JSON object or array) or a JSON schema.
+pub fn format(f: Option<&Value>) -> Result<Option<pb::Constraint>, String> {
+    use pb::constraint::Kind;
+    let kind = match f {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) if s.is_empty() => return Ok(None),
+        Some(Value::String(s)) if s == "json" => {
+            Kind::JsonSchema(r#"{"type": ["object", "array"]}"#.into())
+        }
+        Some(schema @ Value::Object(_)) => Kind::JsonSchema(schema.to_string()),
+        Some(other) => return Err(format!("format is \"json\" or a JSON schema, not {other}")),
+    };
+    Ok(Some(pb::Constraint { kind: Some(kind) }))
+}
+
+/// Refuses what Grove does not do.
+pub fn unsupported(images: bool, logprobs: bool) -> Result<(), String> {
     if images {
         return Err("images are not supported: Grove runs text models".into());
     }

@@ -308,6 +308,33 @@ fn message(m: ChatMessage, i: usize) -> Result<pb::Message, Invalid> {
     })
 }
 
+/// `response_format` as a constraint: text (none), any JSON object, or JSON
+/// following `json_schema.schema`.
+fn response_format(f: Option<&Value>) -> Result<Option<pb::Constraint>, Invalid> {
+    use pb::constraint::Kind;
+    let Some(f) = f else { return Ok(None) };
+    let kind = match f.get("type").and_then(Value::as_str) {
+        Some("text") => return Ok(None),
+        Some("json_object") => Kind::JsonObject(true),
+        Some("json_schema") => {
+            let schema = f.pointer("/json_schema/schema").ok_or_else(|| {
+                invalid(
+                    "response_format",
+                    "json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}",
+                )
+            })?;
+            Kind::JsonSchema(schema.to_string())
+        }
+        _ => {
+            return Err(invalid(
+                "response_format",
+                "response_format type is text, json_object or json_schema",
+            ));
+        }
+    };
+    Ok(Some(pb::Constraint { kind: Some(kind) }))
+}
+
 /// A checked chat request: the Grove request and whether to report usage
 /// while streaming.
 pub struct Chat {
@@ -331,18 +358,7 @@ impl ChatCompletionRequest {
                 "the model may make several calls in one reply; parallel_tool_calls=false is not supported",
             ));
         }
-        if let Some(f) = &self.response_format {
-            match f.get("type").and_then(Value::as_str) {
-                Some("text") => {}
-                Some("json_object" | "json_schema") => {
-                    return Err(invalid(
-                        "response_format",
-                        "structured output (json_object, json_schema) is not supported yet",
-                    ));
-                }
-                _ => return Err(invalid("response_format", "unknown response_format type")),
-            }
-        }
+        let mut constraint = response_format(self.response_format.as_ref())?;
         let include_usage = stream_options(self.stream, self.stream_options)?;
         let tools = self.tools.unwrap_or_default();
         for t in &tools {
@@ -361,11 +377,35 @@ impl ChatCompletionRequest {
             None => true,
             Some(Value::String(s)) if s == "auto" => true,
             Some(Value::String(s)) if s == "none" => false,
-            Some(_) => {
-                return Err(invalid(
-                    "tool_choice",
-                    "tool_choice \"required\" or a named function needs constrained decoding, which is not supported yet; use \"auto\" or \"none\"",
-                ));
+            Some(choice) => {
+                let name = match choice {
+                    Value::String(s) if s == "required" => String::new(),
+                    Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => o
+                        .get("function")
+                        .and_then(|f| f.get("name"))
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| invalid("tool_choice", "a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": ...}}"))?
+                        .to_owned(),
+                    _ => return Err(invalid("tool_choice", "tool_choice is \"auto\", \"none\", \"required\" or a named function")),
+                };
+                if tools.is_empty() {
+                    return Err(invalid(
+                        "tool_choice",
+                        "tool_choice forces a call, but there are no tools",
+                    ));
+                }
+                if constraint.is_some() {
+                    return Err(invalid(
+                        "tool_choice",
+                        "a forced tool call and response_format cannot be combined",
+                    ));
+                }
+                constraint = Some(pb::Constraint {
+                    kind: Some(pb::constraint::Kind::ToolCall(pb::ToolCallConstraint {
+                        name,
+                    })),
+                });
+                true
             }
         };
         let mut messages = Vec::with_capacity(self.messages.len());
@@ -391,6 +431,7 @@ impl ChatCompletionRequest {
         if options.max_tokens == Some(0) {
             options.max_tokens = None;
         }
+        options.constraint = constraint;
         let tools_json = if use_tools {
             tools.iter().map(Value::to_string).collect()
         } else {
