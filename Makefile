@@ -143,6 +143,9 @@ bench: build fixtures default-model
 	@echo "bench: a 4k-token conversation's follow-up turn from the SSD tier after a restart, vs cold"
 	GROVE_KV_CACHE_TYPE=f16 $(BIN)/grove-ttft $(FIXTURES)/llama-kv-f32 4000 50 8 disk
 	GROVE_KV_CACHE_TYPE=q4 $(BIN)/grove-ttft $(FIXTURES)/llama-kv-f32 4000 50 8 disk
+	@echo "bench: the HTTP APIs against gRPC on one request, and structured output's cost per token"
+	$(BIN)/grove-api-bench $(FIXTURES)/qwen3-moe-f32 128 7
+	$(BIN)/grove-api-bench $(DEFAULT_MODEL) 48 3
 
 lint: setup
 	$(CARGO) fmt --all -- --check

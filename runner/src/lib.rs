@@ -7,6 +7,7 @@
 //! - [`engine`]: the one thread that owns MLX, the model and the prompt cache,
 //!   and runs every request in one continuously batched decode loop
 //!   (admission, interleaved prefill, per-request sampling and stops).
+//! - [`harmony`]: gpt-oss's Harmony channels split the same way.
 //! - [`reply`]: a generation's stream, split by [`output`] when asked.
 //! - [`chat`]: chat requests rendered (in a sandbox process) and tokenized
 //!   before they reach the engine.
@@ -47,6 +48,7 @@ pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod grammar;
+pub mod harmony;
 pub mod import;
 pub mod memory;
 pub mod model;

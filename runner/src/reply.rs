@@ -7,6 +7,7 @@ use pb::generate_response::Event as Out;
 
 use crate::chat::ChatParts;
 use crate::chat_template::ChatRequest;
+use crate::harmony::{self, HarmonyParser};
 use crate::output::{self, OutputFormat, OutputParser, Piece, ToolFormat};
 use crate::request::Split;
 use crate::tool_args::ToolSchemas;
@@ -15,15 +16,26 @@ use crate::tool_args::ToolSchemas;
 /// template left a reasoning block open.
 const PROMPT_TAIL: usize = 8;
 
+/// How a chat reply is split.
+pub enum Format {
+    /// Marker-delimited reasoning and tool calls.
+    Markup(OutputFormat),
+    /// gpt-oss's Harmony channels.
+    Harmony,
+}
+
 /// The format a chat reply is split with, or None when nothing is split.
 pub fn format(
     parts: &ChatParts,
     request: &ChatRequest,
     split: Split,
     prompt: &[u32],
-) -> Option<OutputFormat> {
+) -> Option<Format> {
     if !split.reasoning && !split.tool_calls {
         return None;
+    }
+    if template_text(parts).is_some_and(|t| harmony::is_harmony(&t)) {
+        return Some(Format::Harmony);
     }
     let think = if split.reasoning {
         output::think_markers(|t| parts.tokenizer.token_id(t).is_some())
@@ -42,24 +54,32 @@ pub fn format(
             .decode(tail)
             .is_ok_and(|t| output::ends_in_thinking(&t, m))
     });
-    Some(OutputFormat {
+    Some(Format::Markup(OutputFormat {
         think,
         tools,
         schemas,
         starts_thinking,
-    })
+    }))
+}
+
+fn template_text(parts: &ChatParts) -> Option<String> {
+    let templates = parts.templates.as_ref().ok()?;
+    Some(templates.sources.iter().map(|s| s.text.as_str()).collect())
 }
 
 /// The model's tool-call format, from its templates.
 pub fn tool_format(parts: &ChatParts) -> Option<ToolFormat> {
-    let templates = parts.templates.as_ref().ok()?;
-    let text: String = templates.sources.iter().map(|s| s.text.as_str()).collect();
-    ToolFormat::detect(&text)
+    ToolFormat::detect(&template_text(parts)?)
+}
+
+enum Splitter {
+    Markup(OutputParser),
+    Harmony(HarmonyParser),
 }
 
 /// One stream's splitter (or none: text passes through).
 pub struct Reply {
-    parser: Option<OutputParser>,
+    parser: Option<Splitter>,
 }
 
 fn message(event: Out) -> pb::GenerateResponse {
@@ -79,25 +99,33 @@ fn event(piece: Piece) -> pb::GenerateResponse {
 }
 
 impl Reply {
-    pub fn new(format: Option<OutputFormat>) -> Self {
+    pub fn new(format: Option<Format>) -> Self {
         Self {
-            parser: format.map(OutputParser::new),
+            parser: format.map(|f| match f {
+                Format::Markup(f) => Splitter::Markup(OutputParser::new(f)),
+                Format::Harmony => Splitter::Harmony(HarmonyParser::new()),
+            }),
         }
     }
 
     /// The messages a piece of generated text makes.
     pub fn text(&mut self, text: String) -> Vec<pb::GenerateResponse> {
-        match &mut self.parser {
-            None => vec![message(Out::Text(text))],
-            Some(p) => p.push(&text).into_iter().map(event).collect(),
-        }
+        let pieces = match &mut self.parser {
+            None => return vec![message(Out::Text(text))],
+            Some(Splitter::Markup(p)) => p.push(&text),
+            Some(Splitter::Harmony(p)) => p.push(&text),
+        };
+        pieces.into_iter().map(event).collect()
     }
 
     /// What was held back, then `done` with its reason as the parser saw it.
     pub fn done(self, mut done: pb::Done) -> Vec<pb::GenerateResponse> {
         let mut out = Vec::new();
         if let Some(p) = self.parser {
-            let (pieces, ending) = p.finish();
+            let (pieces, ending) = match p {
+                Splitter::Markup(p) => p.finish(),
+                Splitter::Harmony(p) => p.finish(),
+            };
             out.extend(pieces.into_iter().map(event));
             if ending.malformed {
                 done.reason = pb::DoneReason::InvalidToolCall as i32;

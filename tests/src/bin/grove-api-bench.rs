@@ -1,0 +1,174 @@
+//! The daemon's HTTP path against its gRPC path on the same request, and
+//! what structured output costs per token, on a real `grove serve`.
+//!
+//! 1. One greedy chat (the prompt cached after a warm-up), `TOKENS` new
+//!    tokens, `ROUNDS` times each way, interleaved: gRPC `Chat`, OpenAI's
+//!    `/v1/chat/completions` streamed (SSE) and not, ollama's `/api/chat`
+//!    streamed (NDJSON). The HTTP overhead is the difference of the median
+//!    wall times, as a share of gRPC's decode time.
+//! 2. The same chat constrained to a JSON schema: the grammar's time per
+//!    token (Metrics.constraint_ns / constraint_steps) and decode time per
+//!    token against the free chat.
+//!
+//! grove-api-bench MODEL [TOKENS] [ROUNDS]
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use grove_proto::v1 as pb;
+use grove_tests::daemon::Daemon;
+use grove_tests::http::{Lines, send};
+use serde_json::json;
+
+const HEADERS: [(&str, &str); 1] = [("Content-Type", "application/json")];
+const PROMPT: &str = "Write a long story about a lighthouse keeper.";
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn chat(model: &str, tokens: u32, constraint: Option<pb::Constraint>) -> pb::ChatRequest {
+    pb::ChatRequest {
+        model: model.into(),
+        messages: vec![pb::Message {
+            role: pb::Role::User as i32,
+            content: PROMPT.into(),
+            ..Default::default()
+        }],
+        options: Some(pb::Options {
+            max_tokens: Some(tokens),
+            temperature: Some(0.0),
+            constraint,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// gRPC: wall time and the final metrics.
+async fn grpc(d: &Daemon, req: pb::ChatRequest) -> Result<(Duration, pb::Metrics)> {
+    let mut c = d.client().await?;
+    let t = Instant::now();
+    let mut s = c.chat(req).await?.into_inner();
+    while let Some(m) = s.message().await? {
+        if let Some(pb::generate_response::Event::Done(done)) = m.event {
+            return Ok((t.elapsed(), done.metrics.unwrap_or_default()));
+        }
+    }
+    bail!("no Done")
+}
+
+/// A streamed HTTP request read to its last line.
+async fn http_stream(
+    d: &Daemon,
+    path: &str,
+    body: &serde_json::Value,
+    last: &str,
+) -> Result<Duration> {
+    let t = Instant::now();
+    let mut lines = Lines::open(&d.addr, path, &HEADERS, &body.to_string()).await?;
+    if lines.status != 200 {
+        bail!("{path}: HTTP {}", lines.status);
+    }
+    lines.next_with(last).await?;
+    Ok(t.elapsed())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let model = args
+        .get(1)
+        .context("usage: grove-api-bench MODEL [TOKENS] [ROUNDS]")?;
+    let model = std::fs::canonicalize(model)?.display().to_string();
+    let tokens: u32 = args.get(2).map_or(Ok(128), |s| s.parse())?;
+    let rounds: usize = args.get(3).map_or(Ok(7), |s| s.parse())?;
+    let (d, _) = Daemon::start(&[]).await?;
+
+    let openai = |stream: bool| {
+        json!({"model": model, "messages": [{"role": "user", "content": PROMPT}],
+               "max_tokens": tokens, "temperature": 0, "stream": stream})
+    };
+    let ollama = json!({"model": model, "messages": [{"role": "user", "content": PROMPT}],
+                        "options": {"num_predict": tokens, "temperature": 0}});
+    // Warm-up: load, and put the prompt in the prompt cache.
+    let (_, m) = grpc(&d, chat(&model, tokens, None)).await?;
+    let generated = m.eval_tokens;
+    let (mut g, mut decode, mut sse, mut whole, mut nd) = (vec![], vec![], vec![], vec![], vec![]);
+    for _ in 0..rounds {
+        let (wall, m) = grpc(&d, chat(&model, tokens, None)).await?;
+        g.push(wall);
+        decode.push(Duration::from_nanos(m.eval_ns));
+        sse.push(http_stream(&d, "/v1/chat/completions", &openai(true), "[DONE]").await?);
+        let t = Instant::now();
+        let r = send(
+            &d.addr,
+            "POST",
+            "/v1/chat/completions",
+            &HEADERS,
+            openai(false).to_string().as_bytes(),
+        )
+        .await?;
+        if r.status != 200 {
+            bail!("/v1/chat/completions: {}", r.body);
+        }
+        whole.push(t.elapsed());
+        nd.push(http_stream(&d, "/api/chat", &ollama, "\"done\":true").await?);
+    }
+    let (g, decode) = (median(g), median(decode));
+    println!("HTTP against gRPC: {model}, {generated} tokens, median of {rounds}");
+    println!(
+        "  gRPC Chat                 {:>9.2} ms (decode {:.2} ms)",
+        g.as_secs_f64() * 1e3,
+        decode.as_secs_f64() * 1e3
+    );
+    for (name, v) in [
+        ("OpenAI SSE", sse),
+        ("OpenAI not streamed", whole),
+        ("ollama NDJSON", nd),
+    ] {
+        let m = median(v);
+        let over = m.as_secs_f64() - g.as_secs_f64();
+        println!(
+            "  {name:<25} {:>9.2} ms  overhead {:+.2} ms = {:+.2}% of decode",
+            m.as_secs_f64() * 1e3,
+            over * 1e3,
+            over / decode.as_secs_f64() * 100.0
+        );
+    }
+
+    // Structured output.
+    let schema = json!({"type": "object", "properties": {
+        "title": {"type": "string", "maxLength": 40}, "year": {"type": "integer", "minimum": 1800, "maximum": 2100},
+        "keeper": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 18, "maximum": 99}},
+                   "required": ["name", "age"], "additionalProperties": false},
+        "tags": {"type": "array", "items": {"enum": ["sea", "storm", "light", "night"]}, "maxItems": 4}},
+        "required": ["title", "year", "keeper", "tags"], "additionalProperties": false});
+    let constraint = pb::Constraint {
+        kind: Some(pb::constraint::Kind::JsonSchema(schema.to_string())),
+    };
+    let (mut free, mut fixed, mut grammar) = (vec![], vec![], vec![]);
+    for _ in 0..rounds {
+        let (_, m) = grpc(&d, chat(&model, tokens, None)).await?;
+        free.push(Duration::from_nanos(
+            m.eval_ns / u64::from(m.eval_tokens.max(1)),
+        ));
+        let (_, m) = grpc(&d, chat(&model, tokens, Some(constraint.clone()))).await?;
+        fixed.push(Duration::from_nanos(
+            m.eval_ns / u64::from(m.eval_tokens.max(1)),
+        ));
+        grammar.push(Duration::from_nanos(
+            m.constraint_ns / u64::from(m.constraint_steps.max(1)),
+        ));
+    }
+    let (free, fixed, grammar) = (median(free), median(fixed), median(grammar));
+    println!("Structured output (a JSON schema), median of {rounds}");
+    println!(
+        "  decode per token: free {:.3} ms, constrained {:.3} ms ({:+.1}%); grammar {:.1} us per token",
+        free.as_secs_f64() * 1e3,
+        fixed.as_secs_f64() * 1e3,
+        (fixed.as_secs_f64() / free.as_secs_f64() - 1.0) * 100.0,
+        grammar.as_secs_f64() * 1e6
+    );
+    Ok(())
+}
