@@ -160,7 +160,15 @@ fn batched_memory_invariant_holds_with_recurrent_layers() {
 }
 
 fn batched_invariant(name: &str) {
-    batched_invariant_with(name, None, SLACK);
+    batched_invariant_with(name, None, SLACK, false);
+}
+
+/// Structured output: half the rows constrained to a JSON object (a token
+/// mask per step, the grammar on the host); the masks are gone after each
+/// step like every other temporary.
+#[test]
+fn batched_memory_invariant_holds_with_structured_output() {
+    batched_invariant_with("qwen3-f32", None, SLACK, true);
 }
 
 /// A quantized KV cache: its packed planes are all that stays. Within a
@@ -175,10 +183,16 @@ fn batched_memory_invariant_holds_with_a_quantized_cache() {
         "llama-kv-f32",
         Some(grove_runner::cache::KvSetting { quant, start: 0 }),
         2 * SLACK,
+        false,
     );
 }
 
-fn batched_invariant_with(name: &str, kv: Option<grove_runner::cache::KvSetting>, step_slack: i64) {
+fn batched_invariant_with(
+    name: &str,
+    kv: Option<grove_runner::cache::KvSetting>,
+    step_slack: i64,
+    constrained: bool,
+) {
     let _turn = alone();
     use grove_runner::engine::{Engine, EngineConfig, Event, Job, LoadState};
     use std::sync::{Arc, Mutex};
@@ -231,6 +245,7 @@ fn batched_invariant_with(name: &str, kv: Option<grove_runner::cache::KvSetting>
         while engine.snapshot().state == LoadState::Loading {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
+        let parts = engine.chat_parts().await.expect("chat parts");
         for round in 0..50u32 {
             let mut streams = Vec::new();
             for i in 0..8u32 {
@@ -240,7 +255,12 @@ fn batched_invariant_with(name: &str, kv: Option<grove_runner::cache::KvSetting>
                     .chain((1..len).map(|k| 5 + (k * 17 + round + i) % 1000))
                     .collect();
                 let max = 4 + ((round + i * 5) % 20) as usize;
-                streams.push(engine.generate(job(prompt, max)).expect("submit"));
+                let mut job = job(prompt, max);
+                if constrained && i % 2 == 0 {
+                    let c = grove_runner::grammar::Constraint::JsonObject;
+                    job.grammar = Some(parts.compile(&c).expect("a JSON object grammar"));
+                }
+                streams.push(engine.generate(job).expect("submit"));
             }
             for mut events in streams {
                 loop {
