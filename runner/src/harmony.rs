@@ -7,7 +7,7 @@
 //! its JSON arguments (ended by `<|call|>`, which stops generation, so the
 //! call ends with the reply). Streamed: a body's text goes out as it comes,
 //! holding back only what may still be the marker that ends it.
-use crate::output::{Ending, Piece};
+use crate::output::{Ending, Piece, held_back};
 use crate::tool_args::{Call, new_call_id};
 
 const MESSAGE: &str = "<|message|>";
@@ -173,12 +173,7 @@ impl HarmonyParser {
                     }
                     None if matches!(route, Route::Call(_)) => false,
                     None => {
-                        let keep = ENDS
-                            .iter()
-                            .chain([&START])
-                            .map(|m| held(&self.buf, m))
-                            .max()
-                            .unwrap_or(0);
+                        let keep = held_back(&self.buf, &[ENDS[0], ENDS[1], ENDS[2], START]);
                         let ready: String = self.buf.drain(..self.buf.len() - keep).collect();
                         self.text(&route, ready, out);
                         false
@@ -187,14 +182,6 @@ impl HarmonyParser {
             }
         }
     }
-}
-
-/// How many bytes at the end of `buf` could start `marker`.
-fn held(buf: &str, marker: &str) -> usize {
-    (1..marker.len().min(buf.len() + 1))
-        .rev()
-        .find(|&k| buf.is_char_boundary(buf.len() - k) && buf.ends_with(&marker[..k]))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

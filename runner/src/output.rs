@@ -366,9 +366,10 @@ impl OutputParser {
 }
 
 /// How many bytes at the end of `buf` could be the start of a marker.
-fn held_back(buf: &str, markers: &[String]) -> usize {
+pub(crate) fn held_back<S: AsRef<str>>(buf: &str, markers: &[S]) -> usize {
     let mut keep = 0;
     for m in markers {
+        let m = m.as_ref();
         for k in (1..m.len().min(buf.len() + 1)).rev() {
             if buf.is_char_boundary(buf.len() - k)
                 && m.is_char_boundary(k)
