@@ -2,7 +2,7 @@
 
     python3 make_big_model.py OUT_DIR SHAPE [--q4] [--tokenizer-from DIR]
 
-SHAPE is `llama-8b` (Llama 3 8B), `qwen3-4b` (Qwen3 4B) or `qwen3-30b-a3b`
+SHAPE is `llama-8b` (Llama 3 8B), `llama-1b` (Llama 3.2 1B), `qwen3-4b` (Qwen3 4B) or `qwen3-30b-a3b`
 (Qwen3-30B-A3B: 128 experts, 8 per token; `--q4` only, its routers 8-bit as
 mlx-lm's converter leaves them). Weights are bf16 (or MLX affine 4-bit, group
 64, with bf16 scales and biases, as mlx-community checkpoints are) in the
@@ -34,6 +34,21 @@ SHAPES = {
         "rope_theta": 500000.0,
         "max_position_embeddings": 8192,
         "tie_word_embeddings": False,
+    },
+    "llama-1b": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "num_hidden_layers": 16,
+        "intermediate_size": 8192,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "vocab_size": 128256,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
     },
     "qwen3-4b": {
         "architectures": ["Qwen3ForCausalLM"],
