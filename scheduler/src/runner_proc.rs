@@ -55,6 +55,24 @@ pub struct Spawned {
     pub stderr: StderrTail,
 }
 
+/// Where MLX's CUDA backend keeps the kernels it compiles at run time, unless
+/// MLX_PTX_CACHE_DIR says: `$XDG_CACHE_HOME/grove/mlx-ptx/VERSION` (else
+/// under `~/.cache`). MLX's own default is under the temporary
+/// directory, which a reboot may empty; measured on an H200, a runner whose
+/// first prefill finds the cache empty takes 6.1 s instead of 1.9 s.
+/// (The CUDA driver keeps its own cache in `~/.nv/ComputeCache`.)
+fn ptx_cache_dir() -> Option<std::path::PathBuf> {
+    if std::env::var_os("MLX_PTX_CACHE_DIR").is_some() {
+        return None;
+    }
+    let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        Some(x) => std::path::PathBuf::from(x),
+        None => std::path::PathBuf::from(std::env::var_os("HOME")?).join(".cache"),
+    };
+    // Per Grove version: each pins its MLX.
+    Some(base.join("grove/mlx-ptx").join(env!("CARGO_PKG_VERSION")))
+}
+
 /// Starts `runner serve` for `model` listening on `socket`.
 pub fn spawn(
     runner: &Path,
@@ -74,6 +92,9 @@ pub fn spawn(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    if let Some(dir) = ptx_cache_dir() {
+        cmd.env("MLX_PTX_CACHE_DIR", dir);
+    }
     // SAFETY: prctl is async-signal-safe; it only sets this child's death signal.
     #[cfg(target_os = "linux")]
     unsafe {
