@@ -7,7 +7,7 @@
 //! its JSON arguments (ended by `<|call|>`, which stops generation, so the
 //! call ends with the reply). Streamed: a body's text goes out as it comes,
 //! holding back only what may still be the marker that ends it.
-use crate::output::{Ending, Piece, held_back};
+use crate::output::{Ending, Piece, Splitter, held_back};
 use crate::tool_args::{Call, new_call_id};
 
 const MESSAGE: &str = "<|message|>";
@@ -45,6 +45,16 @@ pub struct HarmonyParser {
 impl Default for HarmonyParser {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl Splitter for HarmonyParser {
+    fn push(&mut self, text: &str) -> Vec<Piece> {
+        HarmonyParser::push(self, text)
+    }
+
+    fn finish(self: Box<Self>) -> (Vec<Piece>, Ending) {
+        HarmonyParser::finish(*self)
     }
 }
 
@@ -189,32 +199,18 @@ mod tests {
     use super::*;
 
     fn run(text: &str, n: usize) -> (Vec<Piece>, Ending) {
-        let mut p = HarmonyParser::new();
-        let mut out = Vec::new();
-        let mut i = 0;
-        while i < text.len() {
-            let mut j = (i + n).min(text.len());
-            while !text.is_char_boundary(j) {
-                j += 1;
-            }
-            out.extend(p.push(&text[i..j]));
-            i = j;
-        }
-        let (rest, e) = p.finish();
-        out.extend(rest);
-        let mut merged: Vec<Piece> = Vec::new();
-        for piece in out {
-            match (merged.last_mut(), piece) {
-                (Some(Piece::Content(a)), Piece::Content(b)) => a.push_str(&b),
-                (Some(Piece::Thinking(a)), Piece::Thinking(b)) => a.push_str(&b),
-                (_, Piece::ToolCall(c)) => merged.push(Piece::ToolCall(Call {
+        let (pieces, ending) = crate::output::feed(Box::new(HarmonyParser::new()), text, n);
+        let pieces = pieces
+            .into_iter()
+            .map(|p| match p {
+                Piece::ToolCall(c) => Piece::ToolCall(Call {
                     id: String::new(),
                     ..c
-                })),
-                (_, p) => merged.push(p),
-            }
-        }
-        (merged, e)
+                }),
+                p => p,
+            })
+            .collect();
+        (pieces, ending)
     }
 
     #[test]

@@ -365,6 +365,52 @@ impl OutputParser {
     }
 }
 
+/// A streaming splitter of one reply: this module's marker-based one, or
+/// [`crate::harmony`]'s.
+pub trait Splitter: Send {
+    /// Takes the next piece of text; returns what is now known.
+    fn push(&mut self, text: &str) -> Vec<Piece>;
+    /// The reply ended: everything held back, and how it ended.
+    fn finish(self: Box<Self>) -> (Vec<Piece>, Ending);
+}
+
+impl Splitter for OutputParser {
+    fn push(&mut self, text: &str) -> Vec<Piece> {
+        OutputParser::push(self, text)
+    }
+
+    fn finish(self: Box<Self>) -> (Vec<Piece>, Ending) {
+        OutputParser::finish(*self)
+    }
+}
+
+/// Feeds `text` to `p` in pieces of `n` bytes (on char boundaries) and
+/// merges neighbouring pieces of one kind.
+#[cfg(test)]
+pub(crate) fn feed(mut p: Box<dyn Splitter>, text: &str, n: usize) -> (Vec<Piece>, Ending) {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < text.len() {
+        let mut j = (i + n).min(text.len());
+        while !text.is_char_boundary(j) {
+            j += 1;
+        }
+        out.extend(p.push(&text[i..j]));
+        i = j;
+    }
+    let (rest, ending) = p.finish();
+    out.extend(rest);
+    let mut merged: Vec<Piece> = Vec::new();
+    for piece in out {
+        match (merged.last_mut(), piece) {
+            (Some(Piece::Content(a)), Piece::Content(b)) => a.push_str(&b),
+            (Some(Piece::Thinking(a)), Piece::Thinking(b)) => a.push_str(&b),
+            (_, p) => merged.push(p),
+        }
+    }
+    (merged, ending)
+}
+
 /// How many bytes at the end of `buf` could be the start of a marker.
 pub(crate) fn held_back<S: AsRef<str>>(buf: &str, markers: &[S]) -> usize {
     let mut keep = 0;

@@ -8,31 +8,8 @@ fn qwen() -> OutputFormat {
     }
 }
 
-/// Feeds `text` in pieces of `n` bytes (on char boundaries) and merges
-/// neighbouring pieces of one kind.
 fn run(format: OutputFormat, text: &str, n: usize) -> (Vec<Piece>, Ending) {
-    let mut p = OutputParser::new(format);
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < text.len() {
-        let mut j = (i + n).min(text.len());
-        while !text.is_char_boundary(j) {
-            j += 1;
-        }
-        out.extend(p.push(&text[i..j]));
-        i = j;
-    }
-    let (rest, ending) = p.finish();
-    out.extend(rest);
-    let mut merged: Vec<Piece> = Vec::new();
-    for piece in out {
-        match (merged.last_mut(), piece) {
-            (Some(Piece::Content(a)), Piece::Content(b)) => a.push_str(&b),
-            (Some(Piece::Thinking(a)), Piece::Thinking(b)) => a.push_str(&b),
-            (_, p) => merged.push(p),
-        }
-    }
-    (merged, ending)
+    feed(Box::new(OutputParser::new(format)), text, n)
 }
 
 fn every_split(format: OutputFormat, text: &str) -> (Vec<Piece>, Ending) {

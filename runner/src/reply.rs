@@ -8,7 +8,7 @@ use pb::generate_response::Event as Out;
 use crate::chat::ChatParts;
 use crate::chat_template::ChatRequest;
 use crate::harmony::{self, HarmonyParser};
-use crate::output::{self, OutputFormat, OutputParser, Piece, ToolFormat};
+use crate::output::{self, OutputFormat, OutputParser, Piece, Splitter, ToolFormat};
 use crate::request::Split;
 use crate::tool_args::ToolSchemas;
 
@@ -72,14 +72,9 @@ pub fn tool_format(parts: &ChatParts) -> Option<ToolFormat> {
     ToolFormat::detect(&template_text(parts)?)
 }
 
-enum Splitter {
-    Markup(OutputParser),
-    Harmony(HarmonyParser),
-}
-
 /// One stream's splitter (or none: text passes through).
 pub struct Reply {
-    parser: Option<Splitter>,
+    parser: Option<Box<dyn Splitter>>,
 }
 
 fn message(event: Out) -> pb::GenerateResponse {
@@ -101,31 +96,28 @@ fn event(piece: Piece) -> pb::GenerateResponse {
 impl Reply {
     pub fn new(format: Option<Format>) -> Self {
         Self {
-            parser: format.map(|f| match f {
-                Format::Markup(f) => Splitter::Markup(OutputParser::new(f)),
-                Format::Harmony => Splitter::Harmony(HarmonyParser::new()),
+            parser: format.map(|f| -> Box<dyn Splitter> {
+                match f {
+                    Format::Markup(f) => Box::new(OutputParser::new(f)),
+                    Format::Harmony => Box::new(HarmonyParser::new()),
+                }
             }),
         }
     }
 
     /// The messages a piece of generated text makes.
     pub fn text(&mut self, text: String) -> Vec<pb::GenerateResponse> {
-        let pieces = match &mut self.parser {
-            None => return vec![message(Out::Text(text))],
-            Some(Splitter::Markup(p)) => p.push(&text),
-            Some(Splitter::Harmony(p)) => p.push(&text),
-        };
-        pieces.into_iter().map(event).collect()
+        match &mut self.parser {
+            None => vec![message(Out::Text(text))],
+            Some(p) => p.push(&text).into_iter().map(event).collect(),
+        }
     }
 
     /// What was held back, then `done` with its reason as the parser saw it.
     pub fn done(self, mut done: pb::Done) -> Vec<pb::GenerateResponse> {
         let mut out = Vec::new();
         if let Some(p) = self.parser {
-            let (pieces, ending) = match p {
-                Splitter::Markup(p) => p.finish(),
-                Splitter::Harmony(p) => p.finish(),
-            };
+            let (pieces, ending) = p.finish();
             out.extend(pieces.into_iter().map(event));
             if ending.malformed {
                 done.reason = pb::DoneReason::InvalidToolCall as i32;
