@@ -112,6 +112,39 @@ fn rate(n: f64, seconds: f64) -> f64 {
     if seconds > 0.0 { n / seconds } else { 0.0 }
 }
 
+/// Where a decode step's host time goes, summed over the steps of one
+/// generation and printed to stderr at its end when `GROVE_STEP_PROFILE=1`
+/// (a benchmark's diagnostic): building the step's graph (the model's ops
+/// and the sampler), dispatching it (`async_eval`: MLX encodes every kernel
+/// and launches them), and waiting for the step before it to finish. A step
+/// whose wait is near zero is bound by the host, not by the device.
+#[derive(Default)]
+struct StepProfile {
+    steps: u32,
+    build: std::time::Duration,
+    dispatch: std::time::Duration,
+    wait: std::time::Duration,
+}
+
+impl StepProfile {
+    fn from_env() -> Option<Self> {
+        std::env::var("GROVE_STEP_PROFILE")
+            .is_ok_and(|v| v == "1")
+            .then(Self::default)
+    }
+
+    fn report(&self) {
+        let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / f64::from(self.steps.max(1));
+        eprintln!(
+            "step profile: {} steps; per step: build {:.0} us, dispatch {:.0} us, wait {:.0} us",
+            self.steps,
+            per(self.build),
+            per(self.dispatch),
+            per(self.wait)
+        );
+    }
+}
+
 /// Runs `tokens` (`[1, L]`) through the model and returns the last position's
 /// logits, `[1, V]`.
 fn step(
@@ -299,8 +332,10 @@ pub fn generate_cached(
     } else {
         None
     };
+    let mut profile = StepProfile::from_env();
     while tokens.len() < max_tokens {
         let next = if tokens.len() + 1 < max_tokens {
+            let t0 = Instant::now();
             let input = y.reshape(&[1, 1]).phase("decode")?;
             let next = sampler.sample_after(
                 &step(model, &input, caches, params.kv)?,
@@ -308,12 +343,22 @@ pub fn generate_cached(
                 Some(&y),
             )?;
             fed += 1;
+            let t1 = Instant::now();
             async_eval([&next]).phase("decode")?;
+            if let Some(p) = profile.as_mut() {
+                p.build += t1 - t0;
+                p.dispatch += t1.elapsed();
+            }
             Some(next)
         } else {
             None
         };
+        let t2 = Instant::now();
         eval([&y]).phase("decode")?;
+        if let Some(p) = profile.as_mut() {
+            p.wait += t2.elapsed();
+            p.steps += 1;
+        }
         let token = y.item_cast::<u32>();
         if let Some(inspect) = limits.inspect {
             inspect(Stage::DecodeStep, caches);
@@ -348,6 +393,9 @@ pub fn generate_cached(
     }
     if let Some(pending) = in_flight {
         eval([&pending]).phase("decode")?;
+    }
+    if let Some(p) = profile {
+        p.report();
     }
     if max_tokens == 0 {
         prompt_seconds = start.elapsed().as_secs_f64();
