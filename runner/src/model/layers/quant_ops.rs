@@ -63,6 +63,9 @@ pub fn quantized_matmul(x: &Array, q: &QuantRef) -> Result<Array, Exception> {
 
 /// `x @ W^T` (`transpose`) or `x @ W` against a packed matrix.
 pub fn quantized_matmul_with(x: &Array, q: &QuantRef, transpose: bool) -> Result<Array, Exception> {
+    if transpose && let Some(out) = super::cuda_qmv::qmv(x, q) {
+        return out;
+    }
     if q.params.mode == QuantMode::Affine {
         return mlx_rs::ops::quantized_matmul(
             x,
