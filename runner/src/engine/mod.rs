@@ -10,6 +10,7 @@ pub mod disk;
 mod group;
 pub mod prompt_cache;
 pub mod sequence;
+pub mod warmup;
 mod worker;
 
 use std::path::PathBuf;

@@ -313,6 +313,13 @@ impl Worker {
                 self.disk.clone(),
             );
         }
+        if super::warmup::wanted(loaded.on_cpu) {
+            let took = super::warmup::warm_up(&loaded.model)?;
+            eprintln!(
+                "grove-runner: kernels warmed up in {:.2} s",
+                took.as_secs_f64()
+            );
+        }
         self.parts.send_replace(Some(Arc::new(parts)));
         self.snapshot.send_modify(|s| {
             s.state = LoadState::Ready;
