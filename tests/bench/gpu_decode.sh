@@ -9,7 +9,11 @@
 # tests/bench/README.md): /tmp/g holds bin/ (grove-runner built with
 # GROVE_BACKEND=cuda), whl/ (mlx, mlx-lm) and rt.part1/2; the call carries
 # .device/rt/p3 and .device/tok. MODELS, PROMPT_LEN, MAX_TOKENS, REPEAT,
-# TRIALS and BANDWIDTH_GBS (default: from the GPU's name) change the run.
+# TRIALS and BANDWIDTH_GBS (default: from the GPU's name) change the run;
+# VARIANTS="LABEL:VAR=VALUE,VAR=VALUE ..." adds a row per model and label,
+# Grove run again with those variables (e.g. before:GROVE_CUDA_QMV=0,GROVE_FUSE=0
+# for Grove without its quantized matvec and joined gate/up), and ROUNDS
+# alternates Grove's runs that many times.
 set -euo pipefail
 . tests/bench/gpu_env.sh
 MODELS=${MODELS:-llama-1b llama-8b llama-8b:q4 qwen3-4b}
@@ -30,11 +34,40 @@ for m in $MODELS; do
   dir="$G/$name"
   q=(); [ "$m" = "$shape" ] || q=(--q4)
   [ -d "$dir" ] || python3 tests/bench/make_big_model.py "$dir" "$shape" --tokenizer-from .device/tok "${q[@]}"
-  echo "== $name: grove"
-  "$G/bin/grove-runner" generate --model "$dir" --prompt-tokens "$ids" --max-tokens "$N" \
-      --repeat "${REPEAT:-4}" --json > "$OUT/$name.grove.json"
   echo "== $name: mlx-lm"
   python3 tests/bench/mlx_lm_bench.py --model "$dir" -p "$P" -g "$N" -n "${TRIALS:-3}" > "$OUT/$name.mlx.txt" 2>&1
   specs+=("$name=$dir")
+  for variant in ${VARIANTS:-}; do
+    specs+=("$name/${variant%%:*}=$dir:$OUT/$name.grove-${variant%%:*}.json:$OUT/$name.mlx.txt")
+  done
+  # Grove, then each variant (LABEL:VAR=VALUE,VAR=VALUE: Grove run again with
+  # those variables), in turn, ROUNDS times, so that a drift of the machine
+  # touches them alike. A file keeps its first process's cold run first (the
+  # table leaves it out) and only the warm runs of later rounds.
+  for round in $(seq "${ROUNDS:-1}"); do
+    for variant in default ${VARIANTS:-}; do
+      label=${variant%%:*}
+      vars=${variant#*:}; [ "$variant" = default ] && vars=
+      file="$OUT/$name.grove-$label"; [ "$variant" = default ] && file="$OUT/$name.grove"
+      keep=(cat); [ "$round" = 1 ] || keep=(tail -n +2)
+      echo "== $name: grove ${vars//,/ } (round $round)"
+      env GROVE_STEP_PROFILE=1 ${vars//,/ } "$G/bin/grove-runner" generate --model "$dir" --prompt-tokens "$ids" \
+          --max-tokens "$N" --repeat "${REPEAT:-4}" --json 2>> "$file.err" | "${keep[@]}" >> "$file.json"
+    done
+  done
+  for variant in ${VARIANTS:-}; do
+    # How many greedy tokens each variant agrees on with Grove's default run.
+    python3 - "$OUT/$name.grove.json" "$OUT/$name.grove-${variant%%:*}.json" "${variant%%:*}" <<'PY'
+import json, sys
+a, b = ([json.loads(l)["tokens"] for l in open(p) if l.startswith("{")][-1] for p in sys.argv[1:3])
+same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+print(f"{sys.argv[3]}: greedy tokens agree with the default run: {same} of {len(a)}")
+PY
+  done
 done
 python3 tests/bench/gpu_table.py --bandwidth-gbs "$bw" --out "$OUT" "${specs[@]}" | tee "$OUT/table.txt"
+# Host time per decode step (the last run of each): build, dispatch, and the
+# wait for the device (near zero: the host bounds the step).
+for f in "$OUT"/*.err; do
+  echo "$(basename "$f" .err): $(grep 'step profile' "$f" | tail -1 | sed 's/.*per step: //')"
+done | tee -a "$OUT/table.txt"
