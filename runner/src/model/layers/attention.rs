@@ -170,22 +170,39 @@ impl Attention {
                 (parts[0].clone(), parts[1].clone(), parts[2].clone())
             }
         };
+        //    One position (a decode step) is already heads first in memory:
+        //    [B, 1, H * D] reshapes straight to [B, H, 1, D], which saves the
+        //    three transposes (graph nodes, each costing host time per step).
+        let single = l == 1;
+        let heads = |t: &Array, h: i32| {
+            if single {
+                t.reshape(&[b, h, 1, -1])
+            } else {
+                t.reshape(&[b, l, h, -1])
+            }
+        };
         let (q, gate) = if s.output_gate {
-            let parts = split_at_indices(q.reshape(&[b, l, s.heads, -1])?, &[s.head_dim], -1)?;
+            let parts = split_at_indices(&heads(&q, s.heads)?, &[s.head_dim], -1)?;
             (parts[0].clone(), Some(parts[1].reshape(&[b, l, -1])?))
         } else {
-            (q.reshape(&[b, l, s.heads, -1])?, None)
+            (heads(&q, s.heads)?, None)
         };
-        let k = k.reshape(&[b, l, s.kv_heads, -1])?;
-        let v = v.reshape(&[b, l, s.kv_heads, -1])?;
-        // 2. Per-head norms, then heads first: [B, H, L, D].
+        let k = heads(&k, s.kv_heads)?;
+        let v = heads(&v, s.kv_heads)?;
+        // 2. Per-head norms (over the last axis), then heads first: [B, H, L, D].
         let (q, k) = match &self.qk_norm {
             Some((qn, kn)) => (qn.forward(&q)?, kn.forward(&k)?),
             None => (q, k),
         };
-        let q = q.transpose_axes(&[0, 2, 1, 3])?;
-        let k = k.transpose_axes(&[0, 2, 1, 3])?;
-        let v = v.transpose_axes(&[0, 2, 1, 3])?;
+        let (q, k, v) = if single {
+            (q, k, v)
+        } else {
+            (
+                q.transpose_axes(&[0, 2, 1, 3])?,
+                k.transpose_axes(&[0, 2, 1, 3])?,
+                v.transpose_axes(&[0, 2, 1, 3])?,
+            )
+        };
         // 3. Rotate at the cache's positions and append to the cache.
         let positions = cache.positions()?;
         let q = self.rope.forward_at(&q, &positions)?;
@@ -220,8 +237,12 @@ impl Attention {
                 ));
             }
         };
-        // 5. Merge heads and project out.
-        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        // 5. Merge heads and project out (one position: a reshape alone).
+        let out = if single {
+            out.reshape(&[b, 1, -1])?
+        } else {
+            out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?
+        };
         match gate {
             Some(g) => self.o.forward(&out.multiply(mlx_rs::ops::sigmoid(&g)?)?),
             None => self.o.forward(&out),
