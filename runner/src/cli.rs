@@ -445,13 +445,7 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
         return Err(RunnerError::Request("--repeat must be at least 1".into()));
     }
     // As `serve` does before it is ready (GPU only unless GROVE_WARMUP says).
-    if crate::engine::warmup::wanted(crate::model::dtypes::cpu_backend()) {
-        let took = crate::engine::warmup::warm_up(&model)?;
-        eprintln!(
-            "grove-runner: kernels warmed up in {:.2} s",
-            took.as_secs_f64()
-        );
-    }
+    crate::engine::warmup::warm_up_if_wanted(&model, crate::model::dtypes::cpu_backend())?;
     for _ in 0..args.repeat {
         generate_once(&args, &model, &tokenizer, &prompt, &params)?;
     }

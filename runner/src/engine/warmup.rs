@@ -32,6 +32,18 @@ pub fn wanted(on_cpu: bool) -> bool {
     }
 }
 
+/// Warms up when [`wanted`], saying how long it took on stderr.
+pub fn warm_up_if_wanted(model: &Model, on_cpu: bool) -> Result<()> {
+    if wanted(on_cpu) {
+        let took = warm_up(model)?;
+        eprintln!(
+            "grove-runner: kernels warmed up in {:.2} s",
+            took.as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
 /// Runs the warm-up generation; returns how long it took.
 pub fn warm_up(model: &Model) -> Result<Duration> {
     let start = Instant::now();

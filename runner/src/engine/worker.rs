@@ -313,13 +313,7 @@ impl Worker {
                 self.disk.clone(),
             );
         }
-        if super::warmup::wanted(loaded.on_cpu) {
-            let took = super::warmup::warm_up(&loaded.model)?;
-            eprintln!(
-                "grove-runner: kernels warmed up in {:.2} s",
-                took.as_secs_f64()
-            );
-        }
+        super::warmup::warm_up_if_wanted(&loaded.model, loaded.on_cpu)?;
         self.parts.send_replace(Some(Arc::new(parts)));
         self.snapshot.send_modify(|s| {
             s.state = LoadState::Ready;

@@ -15,7 +15,7 @@
 //! device that is not a CUDA GPU (Metal, the CPU), keeps MLX's kernels.
 //! `GROVE_CUDA_QMV=0` turns it off and `GROVE_CUDA_QMV=all` uses it for
 //! every matrix it covers (for A/B measurements).
-use std::ffi::{CString, c_char};
+use std::ffi::{CStr, CString, c_char};
 use std::sync::OnceLock;
 
 use mlx_rs::error::Exception;
@@ -49,9 +49,8 @@ struct Kernel(mlx_sys::mlx_fast_cuda_kernel);
 unsafe impl Send for Kernel {}
 unsafe impl Sync for Kernel {}
 
-/// The kernel, when this process computes on a CUDA GPU and it is not turned
-/// off; `None` otherwise.
-/// With the least weight bytes it is used for.
+/// The kernel and the least weight bytes it is used for, when this process
+/// computes on a CUDA GPU and it is not turned off; `None` otherwise.
 fn kernel() -> Option<&'static (Kernel, usize)> {
     static KERNEL: OnceLock<Option<(Kernel, usize)>> = OnceLock::new();
     KERNEL
@@ -64,16 +63,15 @@ fn kernel() -> Option<&'static (Kernel, usize)> {
             if !on_cuda_gpu() {
                 return None;
             }
-            let name = CString::new("grove_qmv").ok()?;
             let header = CString::new(compact(HEADER)).ok()?;
             let body = CString::new(BODY).ok()?;
-            let inputs = strings(&["x", "w", "scales", "biases"])?;
-            let outputs = strings(&["out"])?;
+            let inputs = strings(&[c"x", c"w", c"scales", c"biases"]);
+            let outputs = strings(&[c"out"]);
             // SAFETY: all pointers are valid C strings / vectors for the call;
             // mlx-c copies them into the kernel object.
             let k = unsafe {
                 let k = mlx_sys::mlx_fast_cuda_kernel_new(
-                    name.as_ptr(),
+                    c"grove_qmv".as_ptr(),
                     inputs,
                     outputs,
                     body.as_ptr(),
@@ -102,14 +100,10 @@ fn compact(source: &str) -> String {
         .join("\n")
 }
 
-fn strings(names: &[&str]) -> Option<mlx_sys::mlx_vector_string> {
-    let owned: Vec<CString> = names
-        .iter()
-        .map(|n| CString::new(*n).ok())
-        .collect::<Option<_>>()?;
-    let ptrs: Vec<*const c_char> = owned.iter().map(|c| c.as_ptr()).collect();
-    // SAFETY: `ptrs` points at live C strings; mlx-c copies them.
-    Some(unsafe { mlx_sys::mlx_vector_string_new_data(ptrs.as_ptr().cast_mut(), ptrs.len()) })
+fn strings(names: &[&CStr]) -> mlx_sys::mlx_vector_string {
+    let ptrs: Vec<*const c_char> = names.iter().map(|c| c.as_ptr()).collect();
+    // SAFETY: `ptrs` points at static C strings; mlx-c copies them.
+    unsafe { mlx_sys::mlx_vector_string_new_data(ptrs.as_ptr().cast_mut(), ptrs.len()) }
 }
 
 /// Whether MLX's default device is a GPU of its CUDA backend (asked once).
@@ -119,20 +113,10 @@ pub fn on_cuda_gpu() -> bool {
 }
 
 fn ask_cuda_gpu() -> bool {
-    // SAFETY: plain queries on fresh handles, freed before returning.
-    unsafe {
-        let mut cuda = false;
-        if mlx_sys::mlx_cuda_is_available(&mut cuda) != 0 || !cuda {
-            return false;
-        }
-        let mut dev = mlx_sys::mlx_device_new();
-        let mut kind: mlx_sys::mlx_device_type = mlx_sys::mlx_device_type__MLX_CPU;
-        let gpu = mlx_sys::mlx_get_default_device(&mut dev) == 0
-            && mlx_sys::mlx_device_get_type(&mut kind, dev) == 0
-            && kind == mlx_sys::mlx_device_type__MLX_GPU;
-        mlx_sys::mlx_device_free(dev);
-        gpu
-    }
+    let mut cuda = false;
+    // SAFETY: a plain query that writes one bool.
+    let known = unsafe { mlx_sys::mlx_cuda_is_available(&mut cuda) } == 0;
+    known && cuda && !crate::model::dtypes::cpu_backend()
 }
 
 fn float_type(d: Dtype) -> bool {
@@ -194,10 +178,7 @@ fn apply(
 ) -> Result<Array, Exception> {
     let x2 = x.reshape(&[m, k])?;
     let stream = Stream::thread_local_or_default();
-    let names: Vec<CString> = ["M", "K", "N", "BITS", "GS", "R", "CHUNK"]
-        .iter()
-        .filter_map(|n| CString::new(*n).ok())
-        .collect();
+    let names = [c"M", c"K", c"N", c"BITS", c"GS", c"R", c"CHUNK"];
     let values = [m, k, n, bits, gs, ROWS_PER_WARP, CHUNK];
     let out_shape = [m, n];
     // SAFETY: every handle is created here and freed before returning; the
