@@ -225,6 +225,11 @@ pub struct GenerateArgs {
     /// Also write the last prompt position's logits (JSON array of floats) here.
     #[arg(long)]
     pub dump_logits: Option<PathBuf>,
+    /// Split the model over this many processes on this host (tensor
+    /// parallelism over MLX distributed: NCCL on CUDA GPUs, one GPU each;
+    /// the ring over loopback elsewhere); rank 0 prints.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=crate::shard::launch::MAX_RANKS as i64))]
+    pub shards: i32,
     #[command(flatten)]
     pub kv: KvArgs,
 }
@@ -415,7 +420,23 @@ async fn shutdown_signal() {
 const EXIT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(4);
 
 fn run_generate(args: GenerateArgs) -> Result<()> {
-    let opened = crate::source::open(&args.model, args.cpu_dtypes)?;
+    let member = crate::shard::member_from_env()?;
+    if args.shards > 1 && member.is_none() {
+        // The launcher: every rank is a copy of this command.
+        let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+        let backend = crate::shard::Backend::for_this_host();
+        return crate::shard::launch::run_local(args.shards, backend, &argv);
+    }
+    let comm = crate::shard::join_from_env()?;
+    if let Some(c) = &comm
+        && c.size() != args.shards
+    {
+        return Err(RunnerError::Shard {
+            phase: "joining the group",
+            message: format!("--shards {} in a group of {}", args.shards, c.size()),
+        });
+    }
+    let opened = crate::source::open_sharded(&args.model, args.cpu_dtypes, comm.as_ref())?;
     let (model, tokenizer) = (opened.model, opened.tokenizer);
     let prompt = match (&args.prompt, &args.prompt_tokens) {
         (Some(text), _) => tokenizer.encode_prompt(text)?,
@@ -459,6 +480,12 @@ fn generate_once(
     prompt: &[u32],
     params: &GenerateParams,
 ) -> Result<()> {
+    // In a group, rank 0 speaks for it (the others' output is dropped and
+    // they leave the files to it).
+    if model.decoder.shard().is_some_and(|c| c.rank() != 0) {
+        generate(model, prompt, tokenizer.eos_ids(), params, |_| {})?;
+        return Ok(());
+    }
     let mut stream = (!args.json).then(|| TextStream::new(tokenizer));
     let out = generate(model, prompt, tokenizer.eos_ids(), params, |t| {
         if let Some(s) = stream.as_mut() {

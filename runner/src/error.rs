@@ -30,6 +30,13 @@ pub enum RunnerError {
     /// The runner was told to stop (SIGTERM, Shutdown) before the request ended.
     #[error("the runner is stopping")]
     Stopped,
+    /// A group of runners (tensor parallelism) could not form, shard the
+    /// model or keep in step; `phase` says which.
+    #[error("sharding ({phase}): {message}")]
+    Shard {
+        phase: &'static str,
+        message: String,
+    },
     /// MLX reported an error while evaluating; `phase` says what was running.
     #[error("MLX error during {phase}: {message}")]
     Mlx {

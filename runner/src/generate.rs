@@ -314,7 +314,9 @@ pub fn generate_cached(
     } else {
         None
     };
-    let mut y = sampler.sample(&logits, &history)?;
+    let mut y = model
+        .agree(sampler.sample(&logits, &history)?)
+        .phase("decode")?;
     drop(logits);
     async_eval([&y]).phase("decode")?;
 
@@ -342,6 +344,7 @@ pub fn generate_cached(
                 &history,
                 Some(&y),
             )?;
+            let next = model.agree(next).phase("decode")?;
             fed += 1;
             let t1 = Instant::now();
             async_eval([&next]).phase("decode")?;

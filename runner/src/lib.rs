@@ -18,6 +18,8 @@
 //!   per-backend dtype policy, layers and one file per architecture (llama,
 //!   mistral, qwen2, qwen3).
 //! - [`import`]: a GGUF file written out as an MLX model directory.
+//! - [`shard`]: tensor parallelism over MLX distributed: the group (ring or
+//!   NCCL), each rank's slice of the weights, the launcher of a group.
 //! - [`cache`]: per-layer KV buffers grown in 256-token steps, for one
 //!   sequence or a left-padded batch.
 //! - [`generate`]: one request alone: chunked prefill and the pipelined
@@ -57,6 +59,7 @@ pub mod reply;
 pub mod request;
 pub mod sample;
 pub mod server;
+pub mod shard;
 pub mod source;
 pub mod stop;
 pub mod tokenizer;

@@ -27,7 +27,7 @@ pub fn runner_status(e: RunnerError) -> Status {
         RunnerError::Request(_) | RunnerError::Tokenizer(_) => {
             Status::invalid_argument(e.to_string())
         }
-        RunnerError::Stopped => Status::unavailable(e.to_string()),
+        RunnerError::Stopped | RunnerError::Shard { .. } => Status::unavailable(e.to_string()),
         _ => Status::internal(e.to_string()),
     }
 }

@@ -2,12 +2,14 @@
 //! tokenizer files) or a GGUF file, converted in memory and read in place.
 //! Either way the engine gets the model, its tokenizer and its chat templates.
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::Value;
 
 use crate::chat_template::TemplateSpec;
 use crate::error::{Result, RunnerError};
 use crate::model::{self, CpuDtypes, Model};
+use crate::shard::Comm;
 use crate::tokenizer::Tokenizer;
 
 /// What kind of file a model path names.
@@ -70,9 +72,22 @@ pub struct Opened {
 
 /// Loads the model at `path` (a directory or a GGUF file).
 pub fn open(path: &Path, policy: CpuDtypes) -> Result<Opened> {
+    open_sharded(path, policy, None)
+}
+
+/// [`open`] of this rank's part of the model when `shard` is a group.
+pub fn open_sharded(path: &Path, policy: CpuDtypes, shard: Option<&Arc<Comm>>) -> Result<Opened> {
     match SourceKind::detect(path)? {
+        SourceKind::Gguf if shard.is_some() => Err(RunnerError::Shard {
+            phase: "planning the shards",
+            message: format!(
+                "{} is a GGUF file, which is converted whole in memory; \
+                 `grove-runner import` writes it as a model directory, which can be sharded",
+                path.display()
+            ),
+        }),
         SourceKind::Directory => {
-            let model = model::load_dir(path, policy)?;
+            let model = model::load_dir_sharded(path, policy, shard)?;
             let tokenizer = Tokenizer::load(path, &model.raw_config)?;
             Ok(Opened {
                 model,

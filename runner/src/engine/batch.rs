@@ -240,6 +240,7 @@ impl Batch {
             }
             concatenate(&picked, 0).phase("decode")?
         };
+        let next = model.agree(next).phase("decode")?;
         async_eval([&next]).phase("decode")?;
         // 3. Read the pending tokens back (the next step is already running).
         let tokens: Vec<u32> = match read_back {

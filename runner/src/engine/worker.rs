@@ -613,7 +613,7 @@ fn advance(
     maybe_quantize(caches, seq.kv).phase("prefill")?;
     let position = hidden.try_index((.., -1, ..)).phase("prefill")?;
     let logits = model.decoder.logits(&position).phase("prefill")?;
-    let first = seq.first_token(&logits)?;
+    let first = model.agree(seq.first_token(&logits)?).phase("prefill")?;
     async_eval([&first]).phase("prefill")?;
     seq.prefilled = seq.prompt.len();
     Ok(Advanced::First(first))

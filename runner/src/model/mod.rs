@@ -30,6 +30,7 @@ pub mod weights;
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use mlx_rs::Array;
 use serde_json::Value;
@@ -42,6 +43,7 @@ use weights::Weights;
 
 use crate::cache::CacheKind;
 use crate::error::{MlxPhase, Result};
+use crate::shard::Comm;
 use config::config_error;
 
 /// The sizes of a model that budgets and checks need, whatever its family.
@@ -153,12 +155,25 @@ pub fn load(dir: &Path) -> Result<Model> {
 /// Loads the model directory `dir`: validates the config, loads and checks
 /// every tensor, and evaluates the weights so loading errors surface here.
 pub fn load_dir(dir: &Path, policy: CpuDtypes) -> Result<Model> {
+    load_dir_sharded(dir, policy, None)
+}
+
+/// [`load_dir`] of this rank's part of the model when `shard` is a group:
+/// only its slices of the split tensors are read.
+pub fn load_dir_sharded(dir: &Path, policy: CpuDtypes, shard: Option<&Arc<Comm>>) -> Result<Model> {
     let (path, raw) = config::read_config(dir)?;
     // The config is checked before the weights are read.
-    Architecture::from_config(&path, &raw)?;
+    let architecture = Architecture::from_config(&path, &raw)?;
     Quantization::from_config(&path, &raw)?;
-    let tensors = Weights::load(dir)?.into_map();
-    load_parts(&path, raw, tensors, policy)
+    let tensors = match shard {
+        Some(comm) => {
+            crate::shard::check_architecture(architecture)?;
+            crate::shard::check_config(&raw, comm.size())?;
+            Weights::load_rank(dir, comm.rank(), comm.size())?.into_map()
+        }
+        None => Weights::load(dir)?.into_map(),
+    };
+    load_parts_sharded(&path, raw, tensors, policy, shard)
 }
 
 /// Builds a model from a parsed config (read from `path`, named in errors)
@@ -166,8 +181,19 @@ pub fn load_dir(dir: &Path, policy: CpuDtypes) -> Result<Model> {
 pub fn load_parts(
     path: &Path,
     raw: Value,
+    tensors: HashMap<String, Array>,
+    policy: CpuDtypes,
+) -> Result<Model> {
+    load_parts_sharded(path, raw, tensors, policy, None)
+}
+
+/// [`load_parts`] of one rank's tensors of a model split over `shard`.
+fn load_parts_sharded(
+    path: &Path,
+    raw: Value,
     mut tensors: HashMap<String, Array>,
     policy: CpuDtypes,
+    shard: Option<&Arc<Comm>>,
 ) -> Result<Model> {
     let architecture = Architecture::from_config(path, &raw)?;
     let mut quantization = Quantization::from_config(path, &raw)?;
@@ -183,10 +209,21 @@ pub fn load_parts(
     let path = path.to_owned();
     let has_lm_head = weights.contains("lm_head.weight");
     let q = &quantization;
-    let decoder_of = |spec: layers::decoder::DecoderSpec, w: &mut Weights| -> Result<_> {
+    let decoder_of = |mut spec: layers::decoder::DecoderSpec, w: &mut Weights| -> Result<_> {
+        let Some(comm) = shard else {
+            let dims = spec.dims();
+            return Ok((Network::Decoder(Decoder::load(&path, w, q, &spec)?), dims));
+        };
+        crate::shard::check_architecture(architecture)?;
+        crate::shard::split_spec(&mut spec, comm.size())?;
         let dims = spec.dims();
-        Ok((Network::Decoder(Decoder::load(&path, w, q, &spec)?), dims))
+        let mut decoder = Decoder::load(&path, w, q, &spec)?;
+        decoder.set_shard(comm.clone());
+        Ok((Network::Decoder(decoder), dims))
     };
+    if shard.is_some() {
+        crate::shard::check_architecture(architecture)?;
+    }
     let ((decoder, dims), max_positions) = match architecture {
         Architecture::Llama => {
             let c: llama::Config = config::typed(&path, &raw)?;
@@ -387,6 +424,15 @@ impl Model {
     /// Fresh caches for one sequence.
     pub fn new_caches(&self) -> Vec<crate::cache::LayerKv> {
         crate::cache::LayerKv::fresh(self.kinds())
+    }
+
+    /// The sampled tokens every rank feeds: rank 0's, sent through the
+    /// group when the model is split over one (the same array alone).
+    pub fn agree(&self, tokens: Array) -> std::result::Result<Array, mlx_rs::error::Exception> {
+        match self.decoder.shard() {
+            Some(comm) => comm.from_rank0(&tokens),
+            None => Ok(tokens),
+        }
     }
 
     /// A token-id prompt as the `[1, L]` int32 array the decoder takes.

@@ -40,6 +40,14 @@ impl Network {
         }
     }
 
+    /// The group the model is split over, if any.
+    pub fn shard(&self) -> Option<&std::sync::Arc<crate::shard::Comm>> {
+        match self {
+            Network::Decoder(m) => m.shard(),
+            _ => None,
+        }
+    }
+
     /// Vocabulary logits of hidden states.
     pub fn logits(&self, hidden: &Array) -> Result<Array, Exception> {
         match self {

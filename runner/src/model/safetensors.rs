@@ -37,9 +37,26 @@ fn dtype_size(dtype: &str) -> Option<u64> {
     })
 }
 
+/// One tensor as the checked header places it.
+#[derive(Debug, Clone)]
+pub struct TensorInfo {
+    /// The safetensors dtype name (`BF16`, `U32`, ...).
+    pub dtype: String,
+    pub shape: Vec<u64>,
+    /// Bytes per element.
+    pub element: u64,
+    /// Where its data begins in the file.
+    pub offset: u64,
+}
+
 /// Checks the header of `path`: its length against the file, each tensor's
 /// dtype, and that its shape's size equals its byte range inside the data.
 pub fn check(path: &Path) -> Result<()> {
+    header(path).map(drop)
+}
+
+/// The checked header of `path`: every tensor, by name.
+pub fn header(path: &Path) -> Result<HashMap<String, TensorInfo>> {
     let bad = |message: String| RunnerError::Weights(format!("{}: {message}", path.display()));
     let mut file = File::open(path).map_err(|source| RunnerError::Read {
         path: path.to_owned(),
@@ -68,6 +85,7 @@ pub fn check(path: &Path) -> Result<()> {
         .map_err(|e| bad(format!("the header is not a JSON object: {e}")))?;
     entries.remove("__metadata__");
     let data_len = file_len - 8 - header_len;
+    let mut out = HashMap::with_capacity(entries.len());
     for (name, value) in entries {
         let e: Entry =
             serde_json::from_value(value).map_err(|e| bad(format!("tensor {name:?}: {e}")))?;
@@ -92,6 +110,15 @@ pub fn check(path: &Path) -> Result<()> {
                 e.dtype, e.shape
             )));
         }
+        out.insert(
+            name,
+            TensorInfo {
+                dtype: e.dtype,
+                shape: e.shape,
+                element: size,
+                offset: 8 + header_len + begin,
+            },
+        );
     }
-    Ok(())
+    Ok(out)
 }

@@ -39,6 +39,17 @@ impl Weights {
         Ok(Self { tensors })
     }
 
+    /// [`Weights::load`] of rank `rank` of `size`: the tensors the group
+    /// splits are this rank's slices, read by offset
+    /// ([`crate::shard::load`]).
+    pub fn load_rank(dir: &Path, rank: i32, size: i32) -> Result<Self> {
+        let mut tensors = HashMap::new();
+        for file in safetensors_files(dir)? {
+            tensors.extend(crate::shard::load::load_file(&file, rank, size)?);
+        }
+        Ok(Self { tensors })
+    }
+
     /// Wraps tensors already in memory (tests).
     pub fn from_map(tensors: HashMap<String, Array>) -> Self {
         Self { tensors }

@@ -6,6 +6,7 @@
 //! blocks differ (Gemma's four norms per block) have their own model files
 //! over the same blocks.
 use std::path::Path;
+use std::sync::Arc;
 
 use mlx_rs::Array;
 use mlx_rs::error::Exception;
@@ -24,6 +25,7 @@ use crate::error::Result;
 use crate::model::Dims;
 use crate::model::config::{Quantization, check_eps};
 use crate::model::weights::Weights;
+use crate::shard::Comm;
 
 /// Everything that fixes a decoder's shape.
 #[derive(Clone)]
@@ -117,6 +119,9 @@ pub struct Decoder {
     kinds: Vec<CacheKind>,
     norm: RmsNorm,
     lm_head: Option<Linear>,
+    /// The group this decoder's projections are split over (tensor
+    /// parallelism); `None`: the whole model is here.
+    shard: Option<Arc<Comm>>,
 }
 
 impl Decoder {
@@ -200,7 +205,28 @@ impl Decoder {
             kinds: spec.kinds.clone(),
             norm,
             lm_head,
+            shard: None,
         })
+    }
+
+    /// Marks this decoder as one rank's part of a model split over `comm`
+    /// (loaded from [`crate::shard::split_spec`]'s spec): the partial
+    /// outputs of attention and of the MLP are summed over the group.
+    pub fn set_shard(&mut self, comm: Arc<Comm>) {
+        self.shard = Some(comm);
+    }
+
+    /// The group this decoder is split over, if any.
+    pub fn shard(&self) -> Option<&Arc<Comm>> {
+        self.shard.as_ref()
+    }
+
+    /// The partial output `r` summed over the group (as is, alone).
+    fn reduce(&self, r: Array) -> Result<Array, Exception> {
+        match &self.shard {
+            Some(comm) => comm.all_sum(&r),
+            None => Ok(r),
+        }
     }
 
     /// Each layer's kind of cache.
@@ -222,16 +248,17 @@ impl Decoder {
         //    sees the cache, a window limits what it sees, a batch hides each
         //    row's padding.
         let masks = Masks::new(&self.kinds, caches, tokens.dim(1))?;
-        // 3. Each block: h += attention(norm(h)); h += mlp(norm(h)).
+        // 3. Each block: h += attention(norm(h)); h += mlp(norm(h)); on a
+        //    rank of a group, each partial output summed over the group first.
         for ((block, cache), &kind) in self.blocks.iter().zip(caches.iter_mut()).zip(&self.kinds) {
             let x = block.input_norm.forward(&h)?;
             let r = match &block.attention {
                 Mixer::Attention(a) => a.forward(&x, cache, masks.of(kind))?,
                 Mixer::Delta(d) => d.forward(&x, cache, masks.of(kind))?,
             };
-            let h1 = h.add(&r)?;
+            let h1 = h.add(&self.reduce(r)?)?;
             let r = block.mlp.forward(&block.post_norm.forward(&h1)?)?;
-            h = h1.add(&r)?;
+            h = h1.add(&self.reduce(r)?)?;
         }
         // 4. Final norm.
         self.norm.forward(&h)

@@ -1,0 +1,217 @@
+//! The MLX distributed group a runner joins (mlx-c's `mlx_distributed_*`):
+//! the ring backend (TCP, loopback or between hosts) on CPUs and Macs, NCCL
+//! where MLX computes on a CUDA GPU. MLX reads the group's addresses from
+//! its own variables ([`super::launch`] sets them): `MLX_RANK` and
+//! `MLX_HOSTFILE` for the ring, `MLX_RANK`, `MLX_WORLD_SIZE`,
+//! `NCCL_HOST_IP` and `NCCL_PORT` for NCCL.
+use std::ffi::CStr;
+
+use mlx_rs::error::Exception;
+use mlx_rs::{Array, Dtype, Stream};
+
+use crate::error::{Result, RunnerError};
+
+/// The transport MLX's collectives run over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// TCP sockets between every neighbour of a ring (CPU collectives).
+    Ring,
+    /// NVIDIA's NCCL (collectives on the GPU).
+    Nccl,
+}
+
+impl Backend {
+    /// NCCL where MLX computes on a CUDA GPU and its NCCL backend is there,
+    /// the ring everywhere else.
+    pub fn for_this_host() -> Self {
+        if !crate::model::dtypes::cpu_backend() && Self::Nccl.available() {
+            Self::Nccl
+        } else {
+            Self::Ring
+        }
+    }
+
+    /// MLX's name of the backend.
+    pub fn name(self) -> &'static CStr {
+        match self {
+            Self::Ring => c"ring",
+            Self::Nccl => c"nccl",
+        }
+    }
+
+    /// Whether this build of MLX has the backend.
+    pub fn available(self) -> bool {
+        // SAFETY: a static C string; the call only looks the name up.
+        unsafe { mlx_sys::mlx_distributed_is_available(self.name().as_ptr()) }
+    }
+
+    /// The stream its collectives run on.
+    fn stream(self) -> Stream {
+        match self {
+            Self::Ring => Stream::cpu(),
+            Self::Nccl => Stream::gpu(),
+        }
+    }
+}
+
+/// This process's membership of a group.
+pub struct Comm {
+    group: mlx_sys::mlx_distributed_group,
+    backend: Backend,
+    rank: i32,
+    size: i32,
+}
+
+// SAFETY: the group handle is an immutable reference-counted object that MLX
+// uses from whichever thread evaluates a collective; Grove uses it from the
+// engine thread only, after creating it anywhere.
+unsafe impl Send for Comm {}
+unsafe impl Sync for Comm {}
+
+impl Comm {
+    /// Joins the group MLX's variables describe (strictly: a missing or
+    /// unreachable peer is an error, never a silent group of one).
+    pub fn join(backend: Backend) -> Result<Self> {
+        let fail = |message: String| RunnerError::Shard {
+            phase: "joining the group",
+            message,
+        };
+        if !backend.available() {
+            return Err(fail(format!(
+                "MLX was built without its {} backend",
+                backend.name().to_string_lossy()
+            )));
+        }
+        // SAFETY: `group` is a fresh handle that init fills; on failure it is
+        // freed here, on success owned by the returned Comm.
+        unsafe {
+            let mut group = mlx_sys::mlx_distributed_group_new();
+            if mlx_sys::mlx_distributed_init(&mut group, true, backend.name().as_ptr()) != 0
+                || group.ctx.is_null()
+            {
+                mlx_sys::mlx_distributed_group_free(group);
+                return Err(fail(format!(
+                    "MLX could not start its {} group (see the message above)",
+                    backend.name().to_string_lossy()
+                )));
+            }
+            let rank = mlx_sys::mlx_distributed_group_rank(group);
+            let size = mlx_sys::mlx_distributed_group_size(group);
+            Ok(Self {
+                group,
+                backend,
+                rank,
+                size,
+            })
+        }
+    }
+
+    pub fn rank(&self) -> i32 {
+        self.rank
+    }
+
+    pub fn size(&self) -> i32 {
+        self.size
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The element-wise sum of `x` over every rank (lazy, like any op).
+    pub fn all_sum(&self, x: &Array) -> std::result::Result<Array, Exception> {
+        let stream = self.backend.stream();
+        // SAFETY: `res` is a fresh handle the op fills; on success it is owned
+        // by the returned Array, on failure freed here.
+        unsafe {
+            let mut res = mlx_sys::mlx_array_new();
+            let status =
+                mlx_sys::mlx_distributed_all_sum(&mut res, x.as_ptr(), self.group, stream.as_ptr());
+            if status != 0 {
+                mlx_sys::mlx_array_free(res);
+                return Err(Exception::custom(format!(
+                    "all_sum failed (MLX status {status})"
+                )));
+            }
+            Ok(Array::from_ptr(res))
+        }
+    }
+
+    /// Rank 0's `x` on every rank: the sum of rank 0's values and the
+    /// others' `x * 0`. (The zeros must be computed from `x`: a fresh array
+    /// of zeros has no inputs, so MLX would run its collective before the
+    /// ones `x` waits for, and the ranks' collectives would pair up wrongly.)
+    pub fn from_rank0(&self, x: &Array) -> std::result::Result<Array, Exception> {
+        if self.rank == 0 {
+            self.all_sum(x)
+        } else {
+            let zero = Array::from_int(0).as_dtype(x.dtype())?;
+            self.all_sum(&x.multiply(&zero)?)
+        }
+    }
+
+    /// Rank 0's bytes on every rank (`bytes` is ignored elsewhere): its
+    /// length first, then the bytes.
+    pub fn broadcast_bytes(&self, bytes: &[u8]) -> Result<Vec<u8>> {
+        let phase = "sending rank 0's step to the group";
+        let mine = if self.rank == 0 { bytes.len() } else { 0 };
+        let len = i32::try_from(mine).map_err(|_| RunnerError::Shard {
+            phase,
+            message: format!("{mine} bytes do not fit one message"),
+        })?;
+        let len = self
+            .all_sum(&Array::from_slice(&[len], &[1]))
+            .map_err(|e| shard_err(phase, e))?;
+        len.eval().map_err(|e| shard_err(phase, e))?;
+        let n = len.as_slice::<i32>().first().copied().unwrap_or(0);
+        if n <= 0 {
+            return Ok(Vec::new());
+        }
+        let data = if self.rank == 0 {
+            Array::from_slice(bytes, &[n])
+        } else {
+            mlx_rs::ops::zeros::<u8>(&[n]).map_err(|e| shard_err(phase, e))?
+        };
+        let data = self.all_sum(&data).map_err(|e| shard_err(phase, e))?;
+        data.eval().map_err(|e| shard_err(phase, e))?;
+        Ok(data.as_slice::<u8>().to_vec())
+    }
+
+    /// The least of each value over every rank.
+    pub fn all_min(&self, values: &[i64]) -> Result<Vec<i64>> {
+        let phase = "agreeing on limits";
+        let stream = self.backend.stream();
+        let x = Array::from_slice(values, &[values.len() as i32]);
+        // SAFETY: as in `all_sum`.
+        let out = unsafe {
+            let mut res = mlx_sys::mlx_array_new();
+            let status =
+                mlx_sys::mlx_distributed_all_min(&mut res, x.as_ptr(), self.group, stream.as_ptr());
+            if status != 0 {
+                mlx_sys::mlx_array_free(res);
+                return Err(RunnerError::Shard {
+                    phase,
+                    message: format!("all_min failed (MLX status {status})"),
+                });
+            }
+            Array::from_ptr(res)
+        };
+        out.eval().map_err(|e| shard_err(phase, e))?;
+        debug_assert_eq!(out.dtype(), Dtype::Int64);
+        Ok(out.as_slice::<i64>().to_vec())
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        // SAFETY: the handle was made by init and is freed once.
+        unsafe { mlx_sys::mlx_distributed_group_free(self.group) };
+    }
+}
+
+fn shard_err(phase: &'static str, e: impl std::fmt::Display) -> RunnerError {
+    RunnerError::Shard {
+        phase,
+        message: e.to_string(),
+    }
+}

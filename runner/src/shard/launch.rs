@@ -1,0 +1,226 @@
+//! A group on one host: its addresses (free loopback ports), the variables
+//! each rank is started with (MLX's and Grove's), and a launcher that starts
+//! the ranks as child processes, as `mlx.launch` does, and ends them
+//! together: a rank that fails takes the others down, and a rank whose
+//! launcher dies gets SIGKILL from the kernel (`PR_SET_PDEATHSIG`).
+use std::ffi::OsString;
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{BACKEND_VAR, Backend, RANK_VAR, SIZE_VAR};
+use crate::error::{Result, RunnerError};
+
+/// The most ranks a group on one host may have.
+pub const MAX_RANKS: i32 = 16;
+
+/// Where the ranks of a group on one host meet.
+pub struct Plan {
+    size: i32,
+    backend: Backend,
+    /// The ring's host file (MLX_HOSTFILE), removed with the plan.
+    hostfile: Option<PathBuf>,
+    /// NCCL's rendezvous port on rank 0.
+    nccl_port: u16,
+}
+
+fn launch_err(message: String) -> RunnerError {
+    RunnerError::Shard {
+        phase: "starting the group",
+        message,
+    }
+}
+
+/// `n` distinct loopback ports that were free a moment ago.
+fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(|e| launch_err(format!("no free loopback port: {e}")))?;
+    listeners
+        .iter()
+        .map(|l| {
+            l.local_addr()
+                .map(|a| a.port())
+                .map_err(|e| launch_err(e.to_string()))
+        })
+        .collect()
+}
+
+impl Plan {
+    /// A group of `size` ranks on this host over `backend`.
+    pub fn local(size: i32, backend: Backend) -> Result<Self> {
+        if !(2..=MAX_RANKS).contains(&size) {
+            return Err(launch_err(format!(
+                "a group has 2 to {MAX_RANKS} ranks, not {size}"
+            )));
+        }
+        match backend {
+            Backend::Ring => {
+                let ports = free_ports(size as usize)?;
+                let hosts: Vec<Vec<String>> = ports
+                    .iter()
+                    .map(|p| vec![format!("127.0.0.1:{p}")])
+                    .collect();
+                let text = serde_json::to_string(&hosts).map_err(|e| launch_err(e.to_string()))?;
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_nanos());
+                let path = std::env::temp_dir()
+                    .join(format!("grove-ring-{}-{nanos}.json", std::process::id()));
+                std::fs::write(&path, text).map_err(|source| RunnerError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                Ok(Self {
+                    size,
+                    backend,
+                    hostfile: Some(path),
+                    nccl_port: 0,
+                })
+            }
+            Backend::Nccl => Ok(Self {
+                size,
+                backend,
+                hostfile: None,
+                nccl_port: free_ports(1)?[0],
+            }),
+        }
+    }
+
+    pub fn size(&self) -> i32 {
+        self.size
+    }
+
+    /// The variables rank `rank` is started with.
+    pub fn env(&self, rank: i32) -> Vec<(String, String)> {
+        let mut env = vec![
+            (RANK_VAR.to_string(), rank.to_string()),
+            (SIZE_VAR.to_string(), self.size.to_string()),
+            ("MLX_RANK".to_string(), rank.to_string()),
+        ];
+        match self.backend {
+            Backend::Ring => {
+                env.push((BACKEND_VAR.into(), "ring".into()));
+                if let Some(path) = &self.hostfile {
+                    env.push(("MLX_HOSTFILE".into(), path.display().to_string()));
+                }
+            }
+            Backend::Nccl => {
+                env.push((BACKEND_VAR.into(), "nccl".into()));
+                env.push(("MLX_WORLD_SIZE".into(), self.size.to_string()));
+                env.push(("NCCL_HOST_IP".into(), "127.0.0.1".into()));
+                env.push(("NCCL_PORT".into(), self.nccl_port.to_string()));
+                // One GPU per rank; NVLink multicast stays off (it needs
+                // fabric support the lent hosts do not give).
+                env.push(("CUDA_VISIBLE_DEVICES".into(), rank.to_string()));
+                env.push(("NCCL_NVLS_ENABLE".into(), "0".into()));
+            }
+        }
+        env
+    }
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        if let Some(path) = self.hostfile.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Makes the child die with its parent (Linux; elsewhere the launcher's
+/// own cleanup is all there is).
+fn die_with_parent(cmd: &mut Command) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl is async-signal-safe; it only sets this child's
+    // parent-death signal between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cmd;
+}
+
+/// Runs this executable with `args` as every rank of a group of `size`
+/// over `backend`: rank 0's output is this process's, the others' standard
+/// output is dropped. Returns when every rank has ended; the first rank
+/// that fails ends the others, and its failure is the result.
+pub fn run_local(size: i32, backend: Backend, args: &[OsString]) -> Result<()> {
+    let plan = Plan::local(size, backend)?;
+    let exe = std::env::current_exe().map_err(|e| launch_err(e.to_string()))?;
+    let mut children: Vec<(i32, Child)> = Vec::new();
+    for rank in 0..size {
+        let mut cmd = Command::new(&exe);
+        cmd.args(args).envs(plan.env(rank));
+        if rank != 0 {
+            cmd.stdout(Stdio::null());
+        }
+        die_with_parent(&mut cmd);
+        match cmd.spawn() {
+            Ok(child) => children.push((rank, child)),
+            Err(e) => {
+                end_all(&mut children);
+                return Err(launch_err(format!("starting rank {rank}: {e}")));
+            }
+        }
+    }
+    let result = supervise(&mut children);
+    end_all(&mut children);
+    drop(plan);
+    result
+}
+
+/// Waits for every rank; the first failure ends the group. Once rank 0 has
+/// succeeded, the others get a grace period to finish.
+fn supervise(children: &mut [(i32, Child)]) -> Result<()> {
+    let mut done: Vec<Option<ExitStatus>> = vec![None; children.len()];
+    let mut rank0_done_at: Option<Instant> = None;
+    loop {
+        // Every rank that has failed by now is named (the one that died
+        // first, and those that lost their peer).
+        let mut failed = Vec::new();
+        for (i, (rank, child)) in children.iter_mut().enumerate() {
+            if done[i].is_some() {
+                continue;
+            }
+            let status = child.try_wait().map_err(|e| launch_err(e.to_string()))?;
+            if let Some(status) = status {
+                if !status.success() {
+                    failed.push(format!("rank {rank} ended with {status}"));
+                }
+                done[i] = Some(status);
+                if *rank == 0 {
+                    rank0_done_at = Some(Instant::now());
+                }
+            }
+        }
+        if !failed.is_empty() {
+            return Err(launch_err(failed.join("; ")));
+        }
+        if done.iter().all(Option::is_some) {
+            return Ok(());
+        }
+        if rank0_done_at.is_some_and(|t| t.elapsed() > Duration::from_secs(30)) {
+            return Err(launch_err(
+                "rank 0 finished but another rank did not end within 30 s".into(),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Kills and reaps every rank still running.
+fn end_all(children: &mut [(i32, Child)]) {
+    for (_, child) in children.iter_mut() {
+        if matches!(child.try_wait(), Ok(None)) {
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+    }
+}

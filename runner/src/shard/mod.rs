@@ -1,0 +1,163 @@
+//! Tensor parallelism over MLX distributed: one model served by a group of
+//! runner processes, one per device, as mlx-lm's `shard()` splits it.
+//!
+//! - [`comm`]: the MLX group (ring or NCCL) and the collectives Grove uses.
+//! - [`load`]: each rank's slice of the weights, read by offset.
+//! - [`launch`]: the addresses and variables of a group on one host, and
+//!   the launcher that starts its processes and ends them together.
+//!
+//! Every rank holds the whole embedding, norms and head, `1/N` of every
+//! attention and MLP projection, and the keys and values of `1/N` of the KV
+//! heads; after attention and after the MLP the partial outputs are summed
+//! over the group (two `all_sum` per layer), so every rank holds the same
+//! hidden states and logits. The sampled tokens are rank 0's, sent to the
+//! others through the group, so all ranks feed the same tokens.
+pub mod comm;
+pub mod launch;
+pub mod load;
+
+use std::sync::Arc;
+
+pub use comm::{Backend, Comm};
+
+use crate::error::{Result, RunnerError};
+use crate::model::Architecture;
+use crate::model::layers::decoder::DecoderSpec;
+
+/// The variable that gives a group member its rank (set by the launcher).
+pub const RANK_VAR: &str = "GROVE_SHARD_RANK";
+/// The variable that gives a group member the group's size.
+pub const SIZE_VAR: &str = "GROVE_SHARDS";
+/// The variable that names the backend the launcher chose.
+pub const BACKEND_VAR: &str = "GROVE_SHARD_BACKEND";
+
+/// Whether this process was started as a member of a group, and which.
+pub fn member_from_env() -> Result<Option<(i32, i32, Backend)>> {
+    let Ok(rank) = std::env::var(RANK_VAR) else {
+        return Ok(None);
+    };
+    let bad = |message: String| RunnerError::Shard {
+        phase: "reading the group's variables",
+        message,
+    };
+    let rank: i32 = rank
+        .parse()
+        .map_err(|_| bad(format!("{RANK_VAR}={rank:?} is not a rank")))?;
+    let size: i32 = std::env::var(SIZE_VAR)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad(format!("{RANK_VAR} is set but {SIZE_VAR} is not a number")))?;
+    if !(0..size).contains(&rank) {
+        return Err(bad(format!("rank {rank} is outside a group of {size}")));
+    }
+    let backend = match std::env::var(BACKEND_VAR).as_deref() {
+        Ok("nccl") => Backend::Nccl,
+        Ok("ring") | Err(_) => Backend::Ring,
+        Ok(other) => return Err(bad(format!("{BACKEND_VAR}={other:?} is not ring or nccl"))),
+    };
+    Ok(Some((rank, size, backend)))
+}
+
+/// Joins the group this process was started in, if any, and checks that
+/// MLX agrees with the launcher on its rank and size.
+pub fn join_from_env() -> Result<Option<Arc<Comm>>> {
+    let Some((rank, size, backend)) = member_from_env()? else {
+        return Ok(None);
+    };
+    let comm = Comm::join(backend)?;
+    if comm.rank() != rank || comm.size() != size {
+        return Err(RunnerError::Shard {
+            phase: "joining the group",
+            message: format!(
+                "MLX placed this process at rank {} of {}; the launcher said {rank} of {size}",
+                comm.rank(),
+                comm.size()
+            ),
+        });
+    }
+    Ok(Some(Arc::new(comm)))
+}
+
+/// Refuses the architectures Grove cannot shard, before any weight is read.
+pub fn check_architecture(architecture: Architecture) -> Result<()> {
+    match architecture {
+        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Qwen3 => {
+            Ok(())
+        }
+        Architecture::Qwen3Moe
+        | Architecture::Qwen3Next
+        | Architecture::Qwen3_5
+        | Architecture::GptOss
+        | Architecture::Glm4MoeLite => Err(RunnerError::Shard {
+            phase: "planning the shards",
+            message: format!(
+                "sharding {architecture:?} models (experts, recurrent or latent attention) \
+                 is not supported yet; Llama, Mistral, Qwen2 and Qwen3 are"
+            ),
+        }),
+        _ => Err(RunnerError::Shard {
+            phase: "planning the shards",
+            message: format!(
+                "{architecture:?} models cannot be sharded (mlx-lm has no shard() for them \
+                 either); Llama, Mistral, Qwen2 and Qwen3 can"
+            ),
+        }),
+    }
+}
+
+/// Checks, from config.json alone (before any weight is read), that `size`
+/// ranks can share the heads, the KV heads and the MLP's width.
+pub fn check_config(raw: &serde_json::Value, size: i32) -> Result<()> {
+    let text = raw.get("text_config").unwrap_or(raw);
+    let count = |name: &str| text.get(name).and_then(serde_json::Value::as_i64);
+    let heads = count("num_attention_heads");
+    let counts = [
+        ("num_attention_heads", heads),
+        (
+            "num_key_value_heads",
+            count("num_key_value_heads").or(heads),
+        ),
+        ("intermediate_size", count("intermediate_size")),
+    ];
+    for (name, value) in counts {
+        if let Some(value) = value
+            && value % size as i64 != 0
+        {
+            return Err(RunnerError::Shard {
+                phase: "planning the shards",
+                message: format!("{name} is {value}, which {size} ranks cannot share evenly"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The spec of one rank's part of the decoder: `1/size` of the heads, the
+/// KV heads and the MLP's width. Counts that `size` does not divide are an
+/// error that names them.
+pub fn split_spec(spec: &mut DecoderSpec, size: i32) -> Result<()> {
+    let a = &spec.attention;
+    let counts = [
+        ("num_attention_heads", a.heads),
+        ("num_key_value_heads", a.kv_heads),
+        ("intermediate_size", spec.mlp.intermediate),
+    ];
+    for (name, value) in counts {
+        if value % size != 0 {
+            return Err(RunnerError::Shard {
+                phase: "planning the shards",
+                message: format!("{name} is {value}, which {size} ranks cannot share evenly"),
+            });
+        }
+    }
+    if a.fused_qkv || spec.mlp.fused || a.output_gate || a.sinks {
+        return Err(RunnerError::Shard {
+            phase: "planning the shards",
+            message: "fused or gated projections cannot be sharded".into(),
+        });
+    }
+    spec.attention.heads /= size;
+    spec.attention.kv_heads /= size;
+    spec.mlp.intermediate /= size;
+    Ok(())
+}

@@ -1,0 +1,284 @@
+//! Tensor parallelism on the CPU: a group of ranks over MLX's ring backend on
+//! loopback (`grove-runner generate --shards N`) against mlx-lm and against
+//! one runner. Every rank holds 1/N of the heads and of the MLP; greedy
+//! tokens must be mlx-lm's exactly and the logits within LOGIT_TOLERANCE
+//! (the partial sums add up in another order than one matrix product).
+//! Also: what cannot be sharded is refused with the numbers, and a rank that
+//! dies takes its group down with it, leaving no process behind.
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use grove_tests::fixtures::{self, Case};
+use grove_tests::runner::{binary, generate_json, ids_arg, run};
+
+/// Largest absolute difference allowed against mlx-lm's (or one runner's)
+/// logits. Measured: ~3e-6 on the float fixtures, ~6e-5 on SmolLM2.
+const LOGIT_TOLERANCE: f32 = 1e-4;
+
+/// Generates `case`'s prompt on `dir` with `extra` arguments; returns the
+/// tokens and the last prompt position's logits.
+fn generate(dir: &std::path::Path, case: &Case, extra: &[&str]) -> Result<(Vec<u32>, Vec<f32>)> {
+    let dump = tempfile::NamedTempFile::new()?;
+    let ids = ids_arg(&case.prompt_tokens);
+    let max = case.max_tokens.to_string();
+    let mut args = vec![
+        "--model",
+        dir.to_str().unwrap_or_default(),
+        "--prompt-tokens",
+        &ids,
+        "--max-tokens",
+        &max,
+        "--dump-logits",
+        dump.path().to_str().unwrap_or_default(),
+    ];
+    args.extend_from_slice(extra);
+    let out = generate_json(&args)?;
+    let logits: Vec<f32> = serde_json::from_str(&std::fs::read_to_string(dump.path())?)?;
+    Ok((out.tokens, logits))
+}
+
+fn worst(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max)
+}
+
+/// Every reference case of `model` on 2 ranks gives mlx-lm's tokens.
+fn two_ranks_match_mlx_lm(model: &str) -> Result<()> {
+    let dir = fixtures::model_dir(model)?;
+    let reference = fixtures::reference(model)?;
+    ensure!(!reference.cases.is_empty(), "{model}: no reference cases");
+    for case in &reference.cases {
+        let (tokens, logits) = generate(&dir, case, &["--shards", "2"])?;
+        ensure!(
+            tokens == case.tokens,
+            "{model}/{} on 2 ranks: tokens differ from mlx-lm\n grove:  {tokens:?}\n mlx-lm: {:?}",
+            case.name,
+            case.tokens
+        );
+        ensure!(logits.len() == case.logits.len());
+        let w = worst(&logits, &case.logits);
+        ensure!(
+            w <= LOGIT_TOLERANCE,
+            "{model}/{} on 2 ranks: logits differ from mlx-lm by up to {w:e}",
+            case.name
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn llama_on_two_ranks_matches_mlx_lm() -> Result<()> {
+    two_ranks_match_mlx_lm("llama-f32")
+}
+
+#[test]
+fn mistral_on_two_ranks_matches_mlx_lm() -> Result<()> {
+    two_ranks_match_mlx_lm("mistral-f32")
+}
+
+#[test]
+fn qwen2_on_two_ranks_matches_mlx_lm() -> Result<()> {
+    // Biases on q, k and v: split with their rows.
+    two_ranks_match_mlx_lm("qwen2-f32")
+}
+
+#[test]
+fn qwen3_on_two_ranks_matches_mlx_lm() -> Result<()> {
+    // Norms over each q and k head: whole on every rank.
+    two_ranks_match_mlx_lm("qwen3-f32")
+}
+
+/// A 4-bit model with groups of 32 (the fixtures' groups of 64 span a whole
+/// row of o_proj, which two ranks cannot share), made by mlx-lm's converter:
+/// 2 ranks give one runner's tokens, and a chunked prefill changes nothing.
+#[test]
+fn quantized_llama_on_two_ranks_matches_one_runner() -> Result<()> {
+    let src = fixtures::model_dir("llama-f32")?;
+    let tmp = tempfile::tempdir()?;
+    let dst = tmp.path().join("llama-q4-g32");
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = concat!(
+        "import sys, contextlib, io\n",
+        "from mlx_lm import convert\n",
+        "with contextlib.redirect_stdout(io.StringIO()):\n",
+        "    convert(sys.argv[1], sys.argv[2], quantize=True, q_bits=4, q_group_size=32)\n",
+    );
+    let out = Command::new(&python)
+        .args(["-c", script])
+        .arg(&src)
+        .arg(&dst)
+        .output()
+        .with_context(|| format!("starting {python}"))?;
+    ensure!(
+        out.status.success(),
+        "mlx-lm's convert failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reference = fixtures::reference("llama-f32")?;
+    let long = reference
+        .cases
+        .iter()
+        .max_by_key(|c| c.prompt_tokens.len())
+        .context("no cases")?;
+    for case in [&reference.cases[0], long] {
+        let (one, one_logits) = generate(&dst, case, &[])?;
+        for extra in [
+            &["--shards", "2"][..],
+            &["--shards", "2", "--prefill-chunk", "7"],
+        ] {
+            let (two, two_logits) = generate(&dst, case, extra)?;
+            ensure!(
+                one == two,
+                "{} {extra:?}: 2 ranks gave {two:?}, one runner {one:?}",
+                case.name
+            );
+            let w = worst(&one_logits, &two_logits);
+            ensure!(
+                w <= LOGIT_TOLERANCE,
+                "{} {extra:?}: logits differ by {w:e}",
+                case.name
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Runs a sharded generate that must fail; returns its stderr.
+fn refused(model: &std::path::Path, shards: &str) -> Result<String> {
+    let out = run(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap_or_default(),
+        "--prompt-tokens",
+        "1,2,3",
+        "--max-tokens",
+        "2",
+        "--shards",
+        shards,
+    ])?;
+    ensure!(
+        !out.status.success(),
+        "{shards} ranks of {} did not fail",
+        model.display()
+    );
+    Ok(String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn what_cannot_be_split_is_refused_with_the_numbers() -> Result<()> {
+    // 4 heads over 3 ranks.
+    let err = refused(&fixtures::model_dir("llama-f32")?, "3")?;
+    ensure!(
+        err.contains("num_attention_heads is 4, which 3 ranks cannot share evenly"),
+        "{err}"
+    );
+    // Groups of 64 across o_proj's 64 inputs: one group per row.
+    let err = refused(&fixtures::model_dir("llama-q4")?, "2")?;
+    ensure!(
+        err.contains("o_proj") && err.contains("has 1 entries, which 2 ranks cannot share evenly"),
+        "{err}"
+    );
+    // mlx-lm has no shard() for Phi-3 (fused q/k/v).
+    let err = refused(&fixtures::model_dir("phi3-f32")?, "2")?;
+    ensure!(err.contains("Phi3 models cannot be sharded"), "{err}");
+    // Experts: not yet.
+    let err = refused(&fixtures::model_dir("qwen3-moe-f32")?, "2")?;
+    ensure!(err.contains("is not supported yet"), "{err}");
+    // A GGUF file is converted whole; its imported directory can be split.
+    let err = refused(&fixtures::gguf("llama-f32.gguf")?, "2")?;
+    ensure!(err.contains("is a GGUF file"), "{err}");
+    Ok(())
+}
+
+/// The children of `pid` (Linux).
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+/// A rank killed in the middle of a prefill: the launcher fails naming it,
+/// within seconds, and the other rank is gone too.
+#[test]
+fn a_killed_rank_takes_its_group_down() -> Result<()> {
+    let dir = fixtures::model_dir("llama-f32")?;
+    let reference = fixtures::reference("llama-f32")?;
+    let long = reference
+        .cases
+        .iter()
+        .max_by_key(|c| c.prompt_tokens.len())
+        .context("no cases")?;
+    let ids = ids_arg(&long.prompt_tokens);
+    // One token per prefill pass, 100 times over: many seconds of work.
+    let mut launcher = Command::new(binary("grove-runner")?)
+        .args(["generate", "--model"])
+        .arg(&dir)
+        .args([
+            "--prompt-tokens",
+            &ids,
+            "--max-tokens",
+            "1",
+            "--prefill-chunk",
+            "1",
+            "--json",
+            "--repeat",
+            "100",
+        ])
+        .args(["--shards", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let pid = launcher.id();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ranks = loop {
+        let c = children(pid);
+        if c.len() == 2 {
+            break c;
+        }
+        if Instant::now() > deadline {
+            let _ = launcher.kill();
+            bail!("the launcher did not start 2 ranks: {c:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Let the group form and start working.
+    std::thread::sleep(Duration::from_millis(500));
+    ensure!(
+        launcher.try_wait()?.is_none(),
+        "the group finished before a rank could be killed"
+    );
+    // SAFETY: sends SIGKILL to a child process of this test.
+    unsafe { libc::kill(ranks[1] as i32, libc::SIGKILL) };
+    let killed_at = Instant::now();
+    let status = loop {
+        if let Some(s) = launcher.try_wait()? {
+            break s;
+        }
+        if killed_at.elapsed() > Duration::from_secs(15) {
+            let _ = launcher.kill();
+            bail!("the launcher did not end within 15 s of a rank's death");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    if let Some(mut e) = launcher.stderr.take() {
+        use std::io::Read;
+        e.read_to_string(&mut stderr)?;
+    }
+    ensure!(!status.success(), "the launcher succeeded: {stderr}");
+    ensure!(stderr.contains("rank 1 ended with signal: 9"), "{stderr}");
+    ensure!(!alive(ranks[0]), "rank 0 ({}) outlived its group", ranks[0]);
+    Ok(())
+}
