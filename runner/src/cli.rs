@@ -167,6 +167,12 @@ pub struct ServeArgs {
     /// Bytes of memory the sandbox process of one rendering may use.
     #[arg(long, env = "GROVE_TEMPLATE_MEMORY", default_value_t = 1 << 30)]
     pub template_memory: u64,
+    /// Serve the model split over this many processes on this host (tensor
+    /// parallelism over MLX distributed: NCCL on CUDA GPUs, one GPU each;
+    /// the ring over loopback elsewhere). This process starts them and ends
+    /// them together; rank 0 serves the socket, the others follow its steps.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=crate::shard::launch::MAX_RANKS as i64))]
+    pub shards: i32,
     #[command(flatten)]
     pub kv: KvArgs,
 }
@@ -295,6 +301,24 @@ fn run_serve(args: ServeArgs) -> Result<()> {
             "--prefill-chunk must be at least 1".into(),
         ));
     }
+    let comm = match group_of(args.shards)? {
+        Group::Launcher => {
+            let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+            let backend = crate::shard::Backend::for_this_host();
+            return crate::shard::launch::run_local(args.shards, backend, &argv);
+        }
+        Group::Member(comm) => Some(comm),
+        Group::Alone => None,
+    };
+    // The SSD tier holds whole-model entries; a group keeps its cache in
+    // memory only.
+    let disk = match comm {
+        Some(_) => None,
+        None => crate::engine::disk::DiskConfig::from_env().map_err(RunnerError::Request)?,
+    };
+    if let Some(c) = comm.as_ref().filter(|c| c.rank() != 0) {
+        return follow(&args, c.clone());
+    }
     let prewarm = match args.prewarm_system {
         Some(system) => Some(prewarm_request(system, args.prewarm_tools.as_deref())?),
         None => None,
@@ -325,7 +349,8 @@ fn run_serve(args: ServeArgs) -> Result<()> {
             kv_capacity: args.kv_capacity.map(|n| n as usize),
             cpu_dtypes: args.cpu_dtypes,
             kv: args.kv.setting()?,
-            disk: crate::engine::disk::DiskConfig::from_env().map_err(RunnerError::Request)?,
+            disk,
+            shard: comm,
         },
         socket: args.socket,
     };
@@ -419,23 +444,71 @@ async fn shutdown_signal() {
 /// SIGKILL after 5 s).
 const EXIT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(4);
 
-fn run_generate(args: GenerateArgs) -> Result<()> {
-    let member = crate::shard::member_from_env()?;
-    if args.shards > 1 && member.is_none() {
-        // The launcher: every rank is a copy of this command.
-        let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-        let backend = crate::shard::Backend::for_this_host();
-        return crate::shard::launch::run_local(args.shards, backend, &argv);
-    }
-    let comm = crate::shard::join_from_env()?;
-    if let Some(c) = &comm
-        && c.size() != args.shards
-    {
+/// What `--shards` makes of this process.
+enum Group {
+    /// No group.
+    Alone,
+    /// It starts the group's ranks (copies of its own command) and ends
+    /// them together.
+    Launcher,
+    /// A rank of the group (started by a launcher).
+    Member(std::sync::Arc<crate::shard::Comm>),
+}
+
+fn group_of(shards: i32) -> Result<Group> {
+    let Some(comm) = crate::shard::join_from_env()? else {
+        return Ok(if shards > 1 {
+            Group::Launcher
+        } else {
+            Group::Alone
+        });
+    };
+    if comm.size() != shards {
         return Err(RunnerError::Shard {
             phase: "joining the group",
-            message: format!("--shards {} in a group of {}", args.shards, c.size()),
+            message: format!("--shards {shards} in a group of {}", comm.size()),
         });
     }
+    Ok(Group::Member(comm))
+}
+
+/// A follower rank of `serve`: its engine follows rank 0's steps until the
+/// group stops (it has no socket and no clients).
+fn follow(args: &ServeArgs, comm: std::sync::Arc<crate::shard::Comm>) -> Result<()> {
+    let config = EngineConfig {
+        model_dir: args.model.clone(),
+        context_length: args.context_length,
+        prefill_chunk: args.prefill_chunk,
+        queue: args.queue,
+        num_parallel: args.num_parallel.map(|n| n as usize),
+        kv_capacity: args.kv_capacity.map(|n| n as usize),
+        cpu_dtypes: args.cpu_dtypes,
+        kv: args.kv.setting()?,
+        disk: None,
+        shard: Some(comm),
+    };
+    let (engine, thread) = crate::engine::Engine::spawn(config)
+        .map_err(|e| RunnerError::Request(format!("starting the engine: {e}")))?;
+    let _ = thread.join();
+    let state = engine.snapshot().state;
+    drop(engine);
+    match state {
+        crate::engine::LoadState::Failed(e) => Err(RunnerError::Request(e)),
+        _ => Ok(()),
+    }
+}
+
+fn run_generate(args: GenerateArgs) -> Result<()> {
+    let comm = match group_of(args.shards)? {
+        Group::Launcher => {
+            // Every rank is a copy of this command.
+            let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+            let backend = crate::shard::Backend::for_this_host();
+            return crate::shard::launch::run_local(args.shards, backend, &argv);
+        }
+        Group::Member(comm) => Some(comm),
+        Group::Alone => None,
+    };
     let opened = crate::source::open_sharded(&args.model, args.cpu_dtypes, comm.as_ref())?;
     let (model, tokenizer) = (opened.model, opened.tokenizer);
     let prompt = match (&args.prompt, &args.prompt_tokens) {

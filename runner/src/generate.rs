@@ -13,7 +13,7 @@ use crate::model::Model;
 use crate::sample::{Sampler, SamplingOptions};
 
 /// How to generate.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct GenerateParams {
     /// Most tokens to generate.
     pub max_tokens: usize,

@@ -26,7 +26,7 @@ pub const DEFAULT_CONTEXT_SIZE: usize = 20;
 const PHASE: &str = "sampling";
 
 /// How to choose each token. `Default` is greedy with no processors.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplingOptions {
     /// 0 = greedy (argmax); otherwise sample from softmax(logprobs / temperature).
     pub temperature: f32,

@@ -67,7 +67,24 @@ pub async fn run(
     let (engine, thread) = Engine::spawn(config.engine.clone()).map_err(ServeError::Engine)?;
     let stop = Arc::new(Notify::new());
     let (queued_tx, prewarm_queued) = tokio::sync::watch::channel(config.prewarm.is_none());
+    let (broken_tx, broken) = tokio::sync::watch::channel(false);
+    if config.engine.shard.is_some() {
+        // A group's launcher says SIGUSR1 when a rank has died.
+        let mut usr1 =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+                .map_err(ServeError::Engine)?;
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            usr1.recv().await;
+            eprintln!("grove-runner: a rank of the group ended; failing requests and stopping");
+            let _ = broken_tx.send(true);
+            // The streams in flight get their status before the server goes.
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            stop.notify_one();
+        });
+    }
     let service = Service {
+        broken,
         engine,
         sandbox: config.sandbox.clone(),
         stop: stop.clone(),
@@ -104,6 +121,9 @@ pub async fn run(
         tokio::select! {
             _ = shutdown => {},
             _ = stop.notified() => {},
+            // An engine that stopped on its own (a group that fell out of
+            // step) takes the server down with it.
+            _ = engine.stopped() => {},
         }
         // In-flight generations end at their next step; streams then close.
         engine.stop();
@@ -137,11 +157,33 @@ pub async fn run(
     served
 }
 
+/// Resolves once the group has lost a rank (never for a runner alone).
+async fn lost(broken: &mut tokio::sync::watch::Receiver<bool>) {
+    loop {
+        if *broken.borrow_and_update() {
+            return;
+        }
+        if broken.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// The status of a request whose group lost a rank.
+fn group_lost() -> Status {
+    Status::unavailable(
+        "a rank of this model's group ended; the group stops, and the next request starts a new one",
+    )
+}
+
 /// How long in-flight work may take to end after a shutdown.
 const GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 struct Service {
     engine: Engine,
+    /// True once the group this runner leads has lost a rank (its
+    /// launcher's SIGUSR1): requests fail as UNAVAILABLE.
+    broken: tokio::sync::watch::Receiver<bool>,
     sandbox: Sandbox,
     stop: Arc<Notify>,
     /// True once the startup prewarm (if any) is done or has failed:
@@ -375,9 +417,17 @@ impl Runner for Service {
         // A startup prewarm goes first (a system prompt's prefill after loading).
         let mut queued = self.prewarm_queued.clone();
         let _ = queued.wait_for(|q| *q).await;
+        let mut broken = self.broken.clone();
+        if *broken.borrow() {
+            return Err(group_lost());
+        }
         let mut events = self.engine.generate(job).map_err(submit_status)?;
         // Errors before the stream starts are statuses; after, they end the stream.
-        match events.recv().await {
+        let first = tokio::select! {
+            e = events.recv() => e,
+            _ = lost(&mut broken) => return Err(group_lost()),
+        };
+        match first {
             Some(Event::Started) => {}
             Some(Event::Error(e)) => return Err(runner_status(e)),
             Some(_) | None => {
@@ -389,7 +439,17 @@ impl Runner for Service {
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(async move {
             let mut reply = Some(Reply::new(format));
-            while let Some(event) = events.recv().await {
+            loop {
+                let event = tokio::select! {
+                    e = events.recv() => e,
+                    _ = lost(&mut broken) => {
+                        let _ = tx.send(Err(group_lost())).await;
+                        return;
+                    }
+                };
+                let Some(event) = event else {
+                    break;
+                };
                 let items = match (event, reply.as_mut()) {
                     (Event::Text(text), Some(r)) => r.text(text).into_iter().map(Ok).collect(),
                     (Event::Done { reason, metrics }, Some(_)) => reply

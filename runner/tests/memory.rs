@@ -222,6 +222,7 @@ fn batched_invariant_with(
         cpu_dtypes: Default::default(),
         kv,
         disk: None,
+        shard: None,
     };
     let (engine, thread) = Engine::spawn_inspected(config, Some(inspector)).expect("spawn");
     let rt = tokio::runtime::Builder::new_current_thread()

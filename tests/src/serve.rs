@@ -82,6 +82,11 @@ impl Served {
         }
     }
 
+    /// The process id of the runner (a group's launcher).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Waits for the process to exit by itself.
     pub fn wait_exit(&mut self, within: Duration) -> Result<std::process::ExitStatus> {
         let deadline = Instant::now() + within;

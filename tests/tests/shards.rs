@@ -282,3 +282,104 @@ fn a_killed_rank_takes_its_group_down() -> Result<()> {
     ensure!(!alive(ranks[0]), "rank 0 ({}) outlived its group", ranks[0]);
     Ok(())
 }
+
+/// A prompt whose greedy continuation on qwen3-f32 runs past 1000 tokens
+/// without EOS (as in batching.rs).
+const LONG_RUNNING: [u32; 12] = [142, 587, 872, 826, 787, 69, 266, 125, 512, 784, 465, 488];
+
+/// `serve --shards 2`: every reference case at once (continuously batched
+/// on the group) gives mlx-lm's text, twice (the second time from the
+/// prompt cache); a client that leaves mid-stream leaves the group in step.
+#[tokio::test]
+async fn a_served_group_batches_caches_and_cancels() -> Result<()> {
+    use grove_tests::serve::{Served, all_at_once, complete, tokens_request};
+    for model in ["llama-f32", "qwen3-f32"] {
+        let reference = fixtures::reference(model)?;
+        let (served, mut client) =
+            Served::start(&fixtures::model_dir(model)?, &["--shards", "2"]).await?;
+        ensure!(children(served.pid()).len() == 2, "{model}: not 2 ranks");
+        let reqs: Vec<_> = reference
+            .cases
+            .iter()
+            .map(|c| tokens_request(&c.prompt_tokens, c.max_tokens as u32))
+            .collect();
+        for round in 0..2 {
+            let got = all_at_once(&client, reqs.clone()).await?;
+            for (case, done) in reference.cases.iter().zip(&got) {
+                ensure!(
+                    done.text == case.text,
+                    "{model}/{} round {round}: group {:?}, mlx-lm {:?}",
+                    case.name,
+                    done.text,
+                    case.text
+                );
+                ensure!(done.metrics().eval_tokens as usize == case.tokens.len());
+            }
+        }
+        // A finished conversation is in the prompt cache.
+        complete(&mut client, reqs[0].clone()).await?;
+        let again = complete(&mut client, reqs[0].clone()).await?;
+        ensure!(again.text == reference.cases[0].text);
+        ensure!(
+            again.metrics().cached_prompt_tokens > 0,
+            "{model}: nothing came from the prompt cache"
+        );
+        if model == "qwen3-f32" {
+            // A client that leaves after a few pieces.
+            let mut stream = client
+                .generate(tokens_request(&LONG_RUNNING, 500))
+                .await?
+                .into_inner();
+            for _ in 0..5 {
+                stream.message().await?.context("ended early")?;
+            }
+            drop(stream);
+            let case = &reference.cases[0];
+            let done = complete(&mut client, reqs[0].clone()).await?;
+            ensure!(done.text == case.text, "after a cancel: {:?}", done.text);
+        }
+    }
+    Ok(())
+}
+
+/// A follower killed while the group decodes: the request in flight fails
+/// with UNAVAILABLE, the group's launcher exits, and no rank is left.
+#[tokio::test]
+async fn a_served_group_fails_unavailable_when_a_rank_dies() -> Result<()> {
+    use grove_tests::serve::{Served, tokens_request};
+    let (mut served, mut client) =
+        Served::start(&fixtures::model_dir("qwen3-f32")?, &["--shards", "2"]).await?;
+    let ranks = children(served.pid());
+    ensure!(ranks.len() == 2, "not 2 ranks: {ranks:?}");
+    let mut stream = client
+        .generate(tokens_request(&LONG_RUNNING, 1000))
+        .await?
+        .into_inner();
+    for _ in 0..3 {
+        stream.message().await?.context("ended early")?;
+    }
+    // SAFETY: SIGKILL to a process this test started (through the launcher).
+    unsafe { libc::kill(ranks[1] as i32, libc::SIGKILL) };
+    let status = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => return None,
+                Err(status) => return Some(status),
+            }
+        }
+    })
+    .await
+    .context("the stream did not end within 20 s of a rank's death")?;
+    let status = status.context("the stream ended without an error")?;
+    ensure!(
+        status.code() == tonic::Code::Unavailable,
+        "{:?}: {}",
+        status.code(),
+        status.message()
+    );
+    let exit = served.wait_exit(Duration::from_secs(20))?;
+    ensure!(!exit.success(), "the launcher exited with {exit}");
+    ensure!(!alive(ranks[0]), "rank 0 outlived its group");
+    Ok(())
+}

@@ -23,7 +23,7 @@ const GROUPS: [i32; 3] = [32, 64, 128];
 pub const DEFAULT_GROUP: i32 = 64;
 
 /// How a KV cache is quantized: bits per element and elements per group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct KvQuant {
     pub bits: i32,
     pub group_size: i32,
@@ -55,7 +55,7 @@ impl KvQuant {
 /// A sequence's KV setting: quantized from `start` tokens on (mlx-lm's
 /// `kv_bits`, `kv_group_size`, `quantized_kv_start`), or `None` for full
 /// precision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct KvSetting {
     pub quant: KvQuant,
     pub start: usize,

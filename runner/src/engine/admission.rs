@@ -114,16 +114,22 @@ impl Worker {
         l: &mut Loaded,
         request: Request,
     ) -> std::result::Result<Option<Prefilling>, (Client, RunnerError)> {
-        let (client, prompt, mut job, slot) = match request {
-            Request::Generate { job, events, slot } => {
+        let (id, client, prompt, mut job, slot) = match request {
+            Request::Generate {
+                id,
+                job,
+                events,
+                slot,
+            } => {
                 let prompt = job.input.clone();
-                (Client::Generate(events), prompt, Some(*job), slot)
+                (id, Client::Generate(events), prompt, Some(*job), slot)
             }
             Request::Prewarm {
+                id,
                 prompt,
                 reply,
                 slot,
-            } => (Client::Prewarm(reply), prompt, None, slot),
+            } => (id, Client::Prewarm(reply), prompt, None, slot),
             Request::Stop => return Ok(None),
         };
         let context = match job.as_ref().map_or(0, |j| j.num_ctx) {
@@ -171,8 +177,11 @@ impl Worker {
                 (sampler, self.config.prefill_chunk, 0, Vec::new())
             }
         };
+        // In a group's lockstep only rank 0's word ends a sequence (at the
+        // next step), so every rank runs the same passes.
         if let Client::Generate(events) = &client
             && events.try_send(Event::Started).is_err()
+            && self.lockstep.is_none()
         {
             return Ok(None);
         }
@@ -190,6 +199,8 @@ impl Worker {
             from_disk = cached;
         }
         let spec = Spec {
+            id,
+            lockstep: self.lockstep.is_some(),
             client,
             prompt,
             cached,

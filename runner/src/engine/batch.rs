@@ -72,6 +72,13 @@ impl Batch {
         &self.rows
     }
 
+    /// Latches the rows rank 0 named as gone (a group's lockstep).
+    pub fn mark_gone(&mut self, ids: &[u64]) {
+        for row in self.rows.iter_mut().filter(|r| ids.contains(&r.id)) {
+            row.mark_gone();
+        }
+    }
+
     /// Bytes of the layers' buffers and of the rows' checkpoints.
     pub fn nbytes(&self) -> usize {
         self.layers.iter().map(BatchKvCache::nbytes).sum::<usize>()

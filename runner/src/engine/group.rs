@@ -104,6 +104,13 @@ impl Group {
         &self.rows
     }
 
+    /// Latches the rows rank 0 named as gone (a group's lockstep).
+    pub fn mark_gone(&mut self, ids: &[u64]) {
+        for row in self.rows.iter_mut().filter(|r| ids.contains(&r.id)) {
+            row.mark_gone();
+        }
+    }
+
     /// True when every client has gone away.
     pub fn abandoned(&self) -> bool {
         self.rows.iter().all(Sequence::gone)

@@ -8,6 +8,7 @@ mod admission;
 pub mod batch;
 pub mod disk;
 mod group;
+mod lockstep;
 pub mod prompt_cache;
 pub mod sequence;
 pub mod warmup;
@@ -53,10 +54,14 @@ pub struct EngineConfig {
     /// The SSD tier behind the prompt cache (GROVE_KV_DIR, GROVE_KV_DISK);
     /// `None`: off.
     pub disk: Option<disk::DiskConfig>,
+    /// The group this runner is a rank of (tensor parallelism): rank 0
+    /// takes requests and sends each step's news to the others, which
+    /// follow ([`lockstep`]); `None`: alone.
+    pub shard: Option<Arc<crate::shard::Comm>>,
 }
 
 /// The KV cache a job asks for.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum KvChoice {
     /// The runner's ([`EngineConfig::kv`]).
     #[default]
@@ -199,11 +204,15 @@ pub type Inspector = Box<dyn Fn(&[&Array]) + Send>;
 
 enum Request {
     Generate {
+        /// Its number in a group's lockstep (given when rank 0 sends it to
+        /// the others; 0 alone).
+        id: u64,
         job: Box<Job>,
         events: mpsc::Sender<Event>,
         slot: OwnedSemaphorePermit,
     },
     Prewarm {
+        id: u64,
         prompt: Vec<u32>,
         reply: oneshot::Sender<Result<Prewarmed>>,
         slot: OwnedSemaphorePermit,
@@ -282,6 +291,7 @@ impl Engine {
             .name("grove-engine".into())
             .spawn(move || {
                 let worker = worker::Worker {
+                    lockstep: config.shard.clone(),
                     config,
                     snapshot: snap_tx,
                     parts: parts_tx,
@@ -339,6 +349,12 @@ impl Engine {
         }
     }
 
+    /// Resolves once the engine has stopped (or its thread is gone).
+    pub async fn stopped(&self) {
+        let mut snapshot = self.snapshot.clone();
+        let _ = snapshot.wait_for(|s| s.state == LoadState::Stopping).await;
+    }
+
     /// The latest snapshot (never waits for the engine).
     pub fn snapshot(&self) -> Snapshot {
         let mut s = self.snapshot.borrow().clone();
@@ -370,6 +386,7 @@ impl Engine {
         let (events, rx) = mpsc::channel(64);
         let slot = self.slot()?;
         self.submit(Request::Generate {
+            id: 0,
             job: Box::new(job),
             events,
             slot,
@@ -396,6 +413,7 @@ impl Engine {
         let (reply, rx) = oneshot::channel();
         let slot = self.slot()?;
         self.submit(Request::Prewarm {
+            id: 0,
             prompt,
             reply,
             slot,

@@ -39,6 +39,11 @@ pub enum Progress {
 
 /// One request's state.
 pub struct Sequence {
+    /// Its number in a group's lockstep (0 alone).
+    pub id: u64,
+    /// In a group's lockstep: whether rank 0 said its client has gone (the
+    /// one view of it every rank shares); `None`: alone, asked live.
+    latched: Option<bool>,
     client: Client,
     pub prompt: Vec<u32>,
     /// Prompt tokens reused from the prompt cache.
@@ -81,6 +86,9 @@ pub struct Sequence {
 
 /// Everything a sequence needs to be made.
 pub struct Spec {
+    pub id: u64,
+    /// The sequence runs in a group's lockstep.
+    pub lockstep: bool,
     pub client: Client,
     pub prompt: Vec<u32>,
     pub cached: usize,
@@ -106,6 +114,8 @@ impl Sequence {
             Vec::new()
         };
         Ok(Self {
+            id: spec.id,
+            latched: spec.lockstep.then_some(false),
             client: spec.client,
             cached: spec.cached,
             cached_from_disk: 0,
@@ -137,8 +147,19 @@ impl Sequence {
         matches!(self.client, Client::Prewarm(_))
     }
 
-    /// Whether the client has gone away.
+    /// Whether the client has gone away (in a group's lockstep: whether
+    /// rank 0 said so).
     pub fn gone(&self) -> bool {
+        self.latched.unwrap_or_else(|| self.live_gone())
+    }
+
+    /// Marks the client gone (a group's lockstep, as rank 0 said).
+    pub fn mark_gone(&mut self) {
+        self.latched = Some(true);
+    }
+
+    /// Whether the client has gone away, asked now.
+    pub fn live_gone(&self) -> bool {
         match &self.client {
             Client::Generate(events) => events.is_closed(),
             Client::Prewarm(reply) => reply.is_closed(),
@@ -223,7 +244,7 @@ impl Sequence {
             if self.sampler.uses_history() {
                 self.history.push(token);
             }
-            return if self.flush() {
+            return if self.flush() || self.latched.is_some() {
                 Progress::Continue
             } else {
                 Progress::Gone
@@ -253,7 +274,7 @@ impl Sequence {
                 return Progress::Finished(FinishReason::Stop);
             }
         }
-        if !self.flush() {
+        if !self.flush() && self.latched.is_none() {
             return Progress::Gone;
         }
         if self.tokens.len() >= self.max_tokens {

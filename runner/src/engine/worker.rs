@@ -70,6 +70,8 @@ pub(super) struct Prefilling {
 }
 
 pub(super) struct Worker {
+    /// The group this engine keeps in step with (see [`super::lockstep`]).
+    pub lockstep: Option<Arc<crate::shard::Comm>>,
     pub config: EngineConfig,
     pub snapshot: watch::Sender<Snapshot>,
     pub parts: watch::Sender<Option<Arc<ChatParts>>>,
@@ -126,6 +128,11 @@ impl Worker {
             }
         };
         let Some(l) = loaded.as_mut() else {
+            if self.lockstep.as_ref().is_some_and(|c| c.rank() != 0) {
+                // A follower has no clients to refuse.
+                self.snapshot.send_modify(|s| s.state = LoadState::Stopping);
+                return;
+            }
             while let Some(request) = rx.blocking_recv() {
                 refuse(request, || {
                     RunnerError::Request("the model failed to load".into())
@@ -151,9 +158,25 @@ impl Worker {
             )
         };
         let mut shown = None;
+        // In a group: rank 0 leads the others' turns, they follow.
+        let lockstep = self.lockstep.clone();
+        let mut lead = super::lockstep::Lead::default();
+        let mut follow = super::lockstep::Follow::default();
+        let follower = lockstep.as_ref().is_some_and(|c| c.rank() != 0);
         loop {
+            // 0. A follower's turn starts with rank 0's news.
+            if let (true, Some(comm)) = (follower, lockstep.as_deref()) {
+                match follow.turn(comm, &mut s) {
+                    Ok(false) => {}
+                    Ok(true) => break,
+                    Err(e) => {
+                        eprintln!("grove-runner: {e}");
+                        break;
+                    }
+                }
+            }
             // 1. What arrived; block only when there is nothing to do.
-            if s.idle() && open {
+            if s.idle() && open && !follower {
                 settle();
                 let _ = mlx_rs::memory::clear_cache();
                 self.publish(l, &s, rx.len(), true);
@@ -169,10 +192,27 @@ impl Worker {
             while let Ok(r) = rx.try_recv() {
                 s.waiting.push_back(r);
             }
-            s.waiting
-                .retain(|r| !matches!(r, Request::Stop) && !r.abandoned());
-            if self.stopping.load(Ordering::SeqCst) || (!open && s.idle()) {
-                break;
+            let stop = self.stopping.load(Ordering::SeqCst) || (!open && s.idle());
+            match lockstep.as_deref() {
+                // Rank 0: the others hear of arrivals, departures and the
+                // stop before anyone acts on them.
+                Some(comm) if !follower => match lead.turn(comm, &mut s, stop) {
+                    Ok(false) => {}
+                    Ok(true) => break,
+                    Err(e) => {
+                        eprintln!("grove-runner: {e}");
+                        self.stopping.store(true, Ordering::SeqCst);
+                        break;
+                    }
+                },
+                Some(_) => {}
+                None => {
+                    s.waiting
+                        .retain(|r| !matches!(r, Request::Stop) && !r.abandoned());
+                    if stop {
+                        break;
+                    }
+                }
             }
             // 2. Admit, prefill one chunk, decode one step.
             self.admit(l, &mut s);
@@ -192,7 +232,7 @@ impl Worker {
             if s.active() == 0 && !s.pending.is_empty() {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            if !open && s.idle() {
+            if !open && s.idle() && lockstep.is_none() {
                 break;
             }
         }
@@ -221,11 +261,15 @@ impl Worker {
     }
 
     fn load(&self) -> Result<Loaded> {
-        let opened = crate::source::open(&self.config.model_dir, self.config.cpu_dtypes)?;
+        let opened = crate::source::open_sharded(
+            &self.config.model_dir,
+            self.config.cpu_dtypes,
+            self.lockstep.as_ref(),
+        )?;
         let model = opened.model;
         let tokenizer = Arc::new(opened.tokenizer);
         // Resolved when the engine was spawned.
-        let parallel = self.config.num_parallel.unwrap_or(1).max(1);
+        let mut parallel = self.config.num_parallel.unwrap_or(1).max(1);
         // A runner-wide quantized cache the model cannot take falls back to
         // full precision (as ollama's OLLAMA_KV_CACHE_TYPE does), said on
         // stderr and in Status; a request that asks for one is refused.
@@ -250,7 +294,7 @@ impl Worker {
             phase: "setting memory limits",
             message: e.to_string(),
         })?;
-        let capacity = match self.config.kv_capacity {
+        let mut capacity = match self.config.kv_capacity {
             Some(c) => c.min(budget.kv_capacity_tokens as usize),
             None => budget.kv_capacity_tokens as usize,
         };
@@ -260,6 +304,11 @@ impl Worker {
         }
         if let Some(limit) = self.config.context_length {
             context = context.min(limit);
+        }
+        // A group's ranks admit alike only with the same limits.
+        if let Some(comm) = &self.lockstep {
+            [capacity, context, parallel] =
+                super::lockstep::agree_limits(comm, [capacity, context, parallel])?;
         }
         if context < 2 {
             return Err(RunnerError::Request(format!(
@@ -398,7 +447,7 @@ impl Worker {
             Ok(Advanced::Prewarmed) => None,
             Err(e) => {
                 if let Some(p) = s.prefilling.pop_front() {
-                    s.pending.push(p.sequence.fail(e));
+                    s.pending.push(p.sequence.fail(self.in_step(e)));
                 }
                 return;
             }
@@ -422,10 +471,10 @@ impl Worker {
         if let Err(e) = s.batch.join(sequence, caches, first) {
             // The batch is in an unknown state: everything in it fails.
             for seq in s.batch.drain() {
-                s.pending.push(seq.fail(RunnerError::Mlx {
+                s.pending.push(seq.fail(self.in_step(RunnerError::Mlx {
                     phase: "joining the batch",
                     message: e.to_string(),
-                }));
+                })));
             }
         }
     }
@@ -462,20 +511,20 @@ impl Worker {
                 let (rows, layers) = g.into_parts();
                 if let Err(e) = s.batch.join_group(rows, layers) {
                     for seq in s.batch.drain() {
-                        s.pending.push(seq.fail(RunnerError::Mlx {
+                        s.pending.push(seq.fail(self.in_step(RunnerError::Mlx {
                             phase: "joining the batch",
                             message: e.to_string(),
-                        }));
+                        })));
                     }
                 }
             }
             Err(e) => {
                 let message = e.to_string();
                 for seq in s.group.take().map(Group::into_rows).unwrap_or_default() {
-                    s.pending.push(seq.fail(RunnerError::Mlx {
+                    s.pending.push(seq.fail(self.in_step(RunnerError::Mlx {
                         phase: "prefill",
                         message: message.clone(),
-                    }));
+                    })));
                 }
             }
         }
@@ -491,10 +540,10 @@ impl Worker {
             Err(e) => {
                 let message = e.to_string();
                 for seq in s.batch.drain() {
-                    s.pending.push(seq.fail(RunnerError::Mlx {
+                    s.pending.push(seq.fail(self.in_step(RunnerError::Mlx {
                         phase: "decode",
                         message: message.clone(),
-                    }));
+                    })));
                 }
                 return;
             }
@@ -521,6 +570,23 @@ impl Worker {
             }
         }
         inspect_all(l, s, inspect);
+    }
+}
+
+impl Worker {
+    /// A failed pass: alone, the error as it is; in a group, the ranks may
+    /// no longer be in step (a rank died, a collective failed), so the
+    /// group ends: the error says so (UNAVAILABLE to clients) and the
+    /// engine stops.
+    fn in_step(&self, e: RunnerError) -> RunnerError {
+        if self.lockstep.is_none() {
+            return e;
+        }
+        self.stopping.store(true, Ordering::SeqCst);
+        RunnerError::Shard {
+            phase: "keeping the group in step",
+            message: e.to_string(),
+        }
     }
 }
 

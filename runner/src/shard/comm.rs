@@ -202,6 +202,16 @@ impl Comm {
     }
 }
 
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Comm(rank {} of {}, {:?})",
+            self.rank, self.size, self.backend
+        )
+    }
+}
+
 impl Drop for Comm {
     fn drop(&mut self) {
         // SAFETY: the handle was made by init and is freed once.

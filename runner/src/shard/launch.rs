@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 use super::{BACKEND_VAR, Backend, RANK_VAR, SIZE_VAR};
 use crate::error::{Result, RunnerError};
 
+/// How long the other ranks get to end by themselves once one has failed.
+const PEER_GRACE: Duration = Duration::from_secs(5);
+
 /// The most ranks a group on one host may have.
 pub const MAX_RANKS: i32 = 16;
 
@@ -201,6 +204,31 @@ fn supervise(children: &mut [(i32, Child)]) -> Result<()> {
             }
         }
         if !failed.is_empty() {
+            // Rank 0 is told (SIGUSR1: its server fails the requests in
+            // flight as UNAVAILABLE and stops, even where a collective
+            // never returns: MLX's ring can wait forever on a dead peer).
+            if let Some((_, rank0)) = children.first_mut()
+                && matches!(rank0.try_wait(), Ok(None))
+            {
+                // SAFETY: a signal to a child process this launcher started.
+                unsafe { libc::kill(rank0.id() as i32, libc::SIGUSR1) };
+            }
+            // The others see the broken group in their next collective and
+            // end on their own (rank 0 failing its requests as
+            // UNAVAILABLE first); those that do not are killed after a
+            // grace period.
+            let until = Instant::now() + PEER_GRACE;
+            while Instant::now() < until {
+                let running = children
+                    .iter_mut()
+                    .filter_map(|(_, c)| c.try_wait().ok())
+                    .filter(Option::is_none)
+                    .count();
+                if running == 0 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
             return Err(launch_err(failed.join("; ")));
         }
         if done.iter().all(Option::is_some) {
