@@ -171,7 +171,7 @@ pub struct ServeArgs {
     /// parallelism over MLX distributed: NCCL on CUDA GPUs, one GPU each;
     /// the ring over loopback elsewhere). This process starts them and ends
     /// them together; rank 0 serves the socket, the others follow its steps.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=crate::shard::launch::MAX_RANKS as i64))]
+    #[arg(long, env = "GROVE_SHARDS", default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=crate::shard::launch::MAX_RANKS as i64))]
     pub shards: i32,
     #[command(flatten)]
     pub kv: KvArgs,
@@ -234,7 +234,7 @@ pub struct GenerateArgs {
     /// Split the model over this many processes on this host (tensor
     /// parallelism over MLX distributed: NCCL on CUDA GPUs, one GPU each;
     /// the ring over loopback elsewhere); rank 0 prints.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=crate::shard::launch::MAX_RANKS as i64))]
+    #[arg(long, env = "GROVE_SHARDS", default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=crate::shard::launch::MAX_RANKS as i64))]
     pub shards: i32,
     #[command(flatten)]
     pub kv: KvArgs,

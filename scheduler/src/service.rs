@@ -27,6 +27,7 @@ pub const ENV_VARS: &[&str] = &[
     "GROVE_MAX_QUEUE",
     "GROVE_CONTEXT_LENGTH",
     "GROVE_LOAD_TIMEOUT",
+    "GROVE_SHARDS",
     "HF_HOME",
     "HF_HUB_CACHE",
     "HF_ENDPOINT",

@@ -383,3 +383,58 @@ async fn a_served_group_fails_unavailable_when_a_rank_dies() -> Result<()> {
     ensure!(!alive(ranks[0]), "rank 0 outlived its group");
     Ok(())
 }
+
+/// The daemon with GROVE_SHARDS=2: its runner is a group (a launcher and
+/// two ranks) that answers as one runner does; a rank killed mid-stream
+/// fails the request with UNAVAILABLE, leaves no rank behind, and the next
+/// request starts a fresh group.
+#[tokio::test]
+async fn the_daemon_runs_a_group_and_recovers_from_a_killed_rank() -> Result<()> {
+    use grove_tests::daemon::{Daemon, chat, finish};
+    let m = fixtures::model_dir("qwen3-f32")?
+        .canonicalize()?
+        .display()
+        .to_string();
+    let (_one, mut alone) = Daemon::start(&[]).await?;
+    let (want, _) = finish(alone.chat(chat(&m, "hello", 16)).await?.into_inner()).await?;
+    let (mut d, mut c) = Daemon::start(&[("GROVE_SHARDS", "2")]).await?;
+    let (got, _) = finish(c.chat(chat(&m, "hello", 16)).await?.into_inner()).await?;
+    ensure!(got == want, "group {got:?}, one runner {want:?}");
+    let launcher = c
+        .ps(grove_proto::v1::PsRequest {})
+        .await?
+        .into_inner()
+        .models
+        .first()
+        .context("nothing loaded")?
+        .pid;
+    let ranks = children(launcher);
+    ensure!(
+        ranks.len() == 2,
+        "the runner is not a group of 2: {ranks:?}"
+    );
+    let mut stream = c.chat(chat(&m, "Once upon a time", 0)).await?.into_inner();
+    stream.message().await?.context("no first piece")?;
+    // SAFETY: SIGKILL to a rank of the daemon's runner group.
+    unsafe { libc::kill(ranks[1] as i32, libc::SIGKILL) };
+    let err = loop {
+        match stream.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => bail!("the stream ended without an error"),
+            Err(e) => break e,
+        }
+    };
+    ensure!(err.code() == tonic::Code::Unavailable, "{err:?}");
+    ensure!(d.alive(), "the daemon died with its runner");
+    let gone = Instant::now();
+    while ranks.iter().chain([&launcher]).any(|&p| alive(p)) {
+        ensure!(
+            gone.elapsed() < Duration::from_secs(20),
+            "a rank or the launcher outlived the group"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (again, _) = finish(c.chat(chat(&m, "hello", 16)).await?.into_inner()).await?;
+    ensure!(again == want, "the new group gave {again:?}");
+    Ok(())
+}
