@@ -43,6 +43,7 @@ fn sched_status(e: SchedError) -> Status {
         SchedError::Busy(m) | SchedError::NoMemory(m) => Status::resource_exhausted(m),
         e @ SchedError::LoadFailed { .. } => Status::failed_precondition(e.to_string()),
         e @ SchedError::ShuttingDown => Status::unavailable(e.to_string()),
+        SchedError::Invalid(m) => Status::invalid_argument(m),
     }
 }
 
@@ -243,12 +244,13 @@ impl Api {
         &self,
         model: Resolved,
         ka: Option<KeepAlive>,
+        shards: Option<u32>,
         req: rpb::GenerateRequest,
     ) -> Result<GenStream, Status> {
         let started = Instant::now();
         let lease = self
             .sched
-            .acquire(model.name.clone(), model.path.clone(), ka)
+            .acquire(model.name.clone(), model.path.clone(), ka, shards)
             .await
             .map_err(sched_status)?;
         let mut client = lease.client.clone();
@@ -340,6 +342,7 @@ impl Grove for Api {
             .relay(
                 model,
                 keep_alive(r.keep_alive_ns),
+                r.shards,
                 runner_request(input, r.options),
             )
             .await?;
@@ -360,6 +363,7 @@ impl Grove for Api {
             .relay(
                 model,
                 keep_alive(r.keep_alive_ns),
+                r.shards,
                 runner_request(input, r.options),
             )
             .await?;
@@ -469,6 +473,22 @@ impl Grove for Api {
                 pid: r.pid,
                 kv_capacity_tokens: r.facts.kv_capacity_tokens,
                 kv_bits: r.facts.kv_bits,
+                shards: r.shards,
+                ranks: r
+                    .ranks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(pid, resident))| pb::RunningRank {
+                        rank: i as u32,
+                        pid,
+                        device: if r.facts.on_gpu {
+                            format!("cuda:{i}")
+                        } else {
+                            "cpu".into()
+                        },
+                        resident_bytes: resident,
+                    })
+                    .collect(),
             })
             .collect();
         Ok(Response::new(pb::PsResponse { models }))
@@ -482,7 +502,12 @@ impl Grove for Api {
         let model = self.resolve(&r.model)?;
         let lease = self
             .sched
-            .acquire(model.name, model.path, keep_alive(r.keep_alive_ns))
+            .acquire(
+                model.name,
+                model.path,
+                keep_alive(r.keep_alive_ns),
+                r.shards,
+            )
             .await
             .map_err(sched_status)?;
         Ok(Response::new(pb::LoadResponse {

@@ -31,6 +31,8 @@ pub struct DaemonConfig {
     pub max_loaded: usize,
     pub max_queue: usize,
     pub context_length: Option<u32>,
+    /// Processes each model is split over unless a request says (GROVE_SHARDS).
+    pub shards: u32,
     pub load_timeout: Duration,
     /// A loaded runner that does not answer Health within this is stuck and
     /// killed (GROVE_RUNNER_TIMEOUT).
@@ -124,7 +126,16 @@ impl DaemonConfig {
                     .map_err(|_| invalid("GROVE_CONTEXT_LENGTH", &v, "not a number"))?,
             ),
         };
+        let shards = number("GROVE_SHARDS", 1u32)?;
+        if !(1..=crate::sched::MAX_SHARDS).contains(&shards) {
+            return Err(invalid(
+                "GROVE_SHARDS",
+                &shards.to_string(),
+                "not 1 to 16 processes",
+            ));
+        }
         Ok(Self {
+            shards,
             host: host_from_env()?,
             allow_remote: env("GROVE_ALLOW_REMOTE").is_some_and(|v| v == "1" || v == "true"),
             keep_alive,

@@ -74,6 +74,7 @@ pub async fn run(
         runner_timeout: config.runner_timeout,
         memory_budget: config.memory_budget,
         context_length: config.context_length,
+        shards: config.shards,
     });
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<GroveServer<Api>>().await;

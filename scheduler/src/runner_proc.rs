@@ -125,6 +125,27 @@ pub fn spawn(
     })
 }
 
+/// A group's ranks, started by the launcher `pid`: each one's pid and
+/// resident bytes, in the order they were started (rank order). Linux reads
+/// them from /proc; elsewhere the list is empty.
+pub fn group_ranks(pid: u32) -> Vec<(u32, u64)> {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as u64;
+    children
+        .split_whitespace()
+        .filter_map(|s| s.parse::<u32>().ok())
+        .map(|child| {
+            let resident = std::fs::read_to_string(format!("/proc/{child}/statm"))
+                .ok()
+                .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .unwrap_or(0);
+            (child, resident * page)
+        })
+        .collect()
+}
+
 /// A gRPC client on the runner's Unix socket.
 pub async fn connect(socket: &Path) -> Result<RunnerClient<Channel>, tonic::transport::Error> {
     let socket = socket.to_owned();

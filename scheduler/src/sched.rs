@@ -35,7 +35,13 @@ pub struct SchedConfig {
     pub memory_budget: u64,
     /// Passed to every runner (GROVE_CONTEXT_LENGTH).
     pub context_length: Option<u32>,
+    /// Processes a model is split over when a request does not say
+    /// (GROVE_SHARDS).
+    pub shards: u32,
 }
+
+/// The most processes one model may be split over (as the runner allows).
+pub const MAX_SHARDS: u32 = 16;
 
 /// Why a request could not get a runner.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +54,8 @@ pub enum SchedError {
     LoadFailed { model: String, message: String },
     #[error("the daemon is shutting down")]
     ShuttingDown,
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// What a loaded runner reports about itself.
@@ -71,6 +79,10 @@ pub struct Running {
     pub active: usize,
     pub pid: u32,
     pub loading: bool,
+    /// Processes the model is split over.
+    pub shards: u32,
+    /// A group's ranks: (pid, resident bytes), in rank order.
+    pub ranks: Vec<(u32, u64)>,
 }
 
 /// The right to use a runner for one request; dropping it releases the runner.
@@ -111,6 +123,7 @@ enum Command {
         name: String,
         key: PathBuf,
         keep_alive: Option<KeepAlive>,
+        shards: Option<u32>,
         reply: oneshot::Sender<Result<Lease, SchedError>>,
     },
     Release {
@@ -178,11 +191,13 @@ impl Scheduler {
         name: String,
         key: PathBuf,
         keep_alive: Option<KeepAlive>,
+        shards: Option<u32>,
     ) -> Result<Lease, SchedError> {
         self.ask(|reply| Command::Acquire {
             name,
             key,
             keep_alive,
+            shards,
             reply,
         })
         .await?
@@ -226,6 +241,8 @@ struct Slot {
     last_used: Instant,
     idle_until: Option<Instant>,
     pid: u32,
+    /// Processes the model is split over (the runner is their launcher).
+    shards: u32,
     stderr: StderrTail,
     /// Dropping it stops the runner; the supervisor reports `Exited`.
     stop: Option<oneshot::Sender<()>>,
@@ -260,10 +277,12 @@ impl Actor {
                 name,
                 key,
                 keep_alive,
+                shards,
                 reply,
             } => {
                 let keep_alive = keep_alive.unwrap_or(self.config.keep_alive);
-                if let Some(Err(e)) = self.acquire(name, key, keep_alive, reply) {
+                let shards = shards.unwrap_or(self.config.shards);
+                if let Some(Err(e)) = self.acquire(name, key, keep_alive, shards, reply) {
                     tracing_warn(&e.to_string());
                 }
             }
@@ -328,11 +347,34 @@ impl Actor {
         name: String,
         key: PathBuf,
         keep_alive: KeepAlive,
+        shards: u32,
         reply: oneshot::Sender<Result<Lease, SchedError>>,
     ) -> Option<Result<(), SchedError>> {
         if self.closing {
             let _ = reply.send(Err(SchedError::ShuttingDown));
             return None;
+        }
+        if !(1..=MAX_SHARDS).contains(&shards) {
+            let _ = reply.send(Err(SchedError::Invalid(format!(
+                "shards must be 1 to {MAX_SHARDS}, not {shards}"
+            ))));
+            return None;
+        }
+        // Loaded as another group: reloaded when idle, else the request is
+        // refused (the running requests keep their runner).
+        if let Some(slot) = self.slots.get(&key)
+            && slot.shards != shards
+        {
+            if slot.active == 0 && matches!(slot.state, State::Ready { .. }) {
+                self.remove(&key);
+            } else {
+                let _ = reply.send(Err(SchedError::Busy(format!(
+                    "{name} is loaded over {} processes and in use; a request for {shards} \
+                     can be served once it is idle",
+                    slot.shards
+                ))));
+                return None;
+            }
         }
         let max_queue = self.config.max_queue;
         if let Some(slot) = self.slots.get_mut(&key) {
@@ -377,7 +419,7 @@ impl Actor {
             let _ = reply.send(Err(e));
             return None;
         }
-        self.load(name, key, size, keep_alive, reply);
+        self.load(name, key, size, keep_alive, shards, reply);
         None
     }
 
@@ -422,6 +464,7 @@ impl Actor {
         key: PathBuf,
         size: ModelSize,
         keep_alive: KeepAlive,
+        shards: u32,
         reply: oneshot::Sender<Result<Lease, SchedError>>,
     ) {
         let generation = self.next_generation;
@@ -437,6 +480,9 @@ impl Actor {
         if let Some(ctx) = self.config.context_length {
             extra.extend(["--context-length".to_string(), ctx.to_string()]);
         }
+        // Always said, so a GROVE_SHARDS in the runner's environment does
+        // not decide instead.
+        extra.extend(["--shards".to_string(), shards.to_string()]);
         let spawned = match runner_proc::spawn(&self.config.runner_bin, &key, &socket, &extra) {
             Ok(s) => s,
             Err(message) => {
@@ -530,6 +576,7 @@ impl Actor {
                     started: Instant::now(),
                 },
                 size,
+                shards,
                 active: 1,
                 keep_alive,
                 last_used: Instant::now(),
@@ -645,6 +692,12 @@ impl Actor {
                 active: s.active,
                 pid: s.pid,
                 loading: matches!(s.state, State::Loading { .. }),
+                shards: s.shards,
+                ranks: if s.shards > 1 {
+                    runner_proc::group_ranks(s.pid)
+                } else {
+                    Vec::new()
+                },
             })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));

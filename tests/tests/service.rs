@@ -26,6 +26,7 @@ const VALUES: &[(&str, &str)] = &[
     ("GROVE_MAX_QUEUE", "  spaces around  "),
     ("GROVE_CONTEXT_LENGTH", "8192"),
     ("GROVE_LOAD_TIMEOUT", "tab\there"),
+    ("GROVE_SHARDS", "2"),
     ("HF_HOME", "/tmp/hf <&>\"' home"),
     ("HF_HUB_CACHE", "l1\nl2\r\nl3"),
     (

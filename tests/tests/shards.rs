@@ -384,36 +384,44 @@ async fn a_served_group_fails_unavailable_when_a_rank_dies() -> Result<()> {
     Ok(())
 }
 
-/// The daemon with GROVE_SHARDS=2: its runner is a group (a launcher and
-/// two ranks) that answers as one runner does; a rank killed mid-stream
-/// fails the request with UNAVAILABLE, leaves no rank behind, and the next
-/// request starts a fresh group.
+/// The daemon's runner as a group: a request for 2 shards (or
+/// GROVE_SHARDS=2) gets a launcher and two ranks that answer as one runner
+/// does, shown by `ps`; a rank killed mid-stream fails the request with
+/// UNAVAILABLE and leaves no rank behind; the next request starts a fresh
+/// group; a request for another count reloads the idle model.
 #[tokio::test]
 async fn the_daemon_runs_a_group_and_recovers_from_a_killed_rank() -> Result<()> {
+    use grove_proto::v1 as gpb;
     use grove_tests::daemon::{Daemon, chat, finish};
     let m = fixtures::model_dir("qwen3-f32")?
         .canonicalize()?
         .display()
         .to_string();
-    let (_one, mut alone) = Daemon::start(&[]).await?;
-    let (want, _) = finish(alone.chat(chat(&m, "hello", 16)).await?.into_inner()).await?;
-    let (mut d, mut c) = Daemon::start(&[("GROVE_SHARDS", "2")]).await?;
-    let (got, _) = finish(c.chat(chat(&m, "hello", 16)).await?.into_inner()).await?;
+    let (mut d, mut c) = Daemon::start(&[]).await?;
+    let (want, _) = finish(c.chat(chat(&m, "hello", 16)).await?.into_inner()).await?;
+    let sharded = |text: &str, max: u32| gpb::ChatRequest {
+        shards: Some(2),
+        ..chat(&m, text, max)
+    };
+    let (got, _) = finish(c.chat(sharded("hello", 16)).await?.into_inner()).await?;
     ensure!(got == want, "group {got:?}, one runner {want:?}");
-    let launcher = c
-        .ps(grove_proto::v1::PsRequest {})
-        .await?
-        .into_inner()
-        .models
-        .first()
-        .context("nothing loaded")?
-        .pid;
-    let ranks = children(launcher);
+    let ps = c.ps(gpb::PsRequest {}).await?.into_inner().models;
+    let running = ps.first().context("nothing loaded")?;
+    ensure!(ps.len() == 1 && running.shards == 2, "{ps:?}");
+    ensure!(running.ranks.len() == 2, "{ps:?}");
+    for (i, r) in running.ranks.iter().enumerate() {
+        ensure!(
+            r.rank == i as u32 && r.device == "cpu" && r.resident_bytes > 0,
+            "{r:?}"
+        );
+    }
+    let launcher = running.pid;
+    let ranks: Vec<u32> = running.ranks.iter().map(|r| r.pid).collect();
     ensure!(
-        ranks.len() == 2,
-        "the runner is not a group of 2: {ranks:?}"
+        children(launcher) == ranks,
+        "ps's ranks are not the launcher's"
     );
-    let mut stream = c.chat(chat(&m, "Once upon a time", 0)).await?.into_inner();
+    let mut stream = c.chat(sharded("Once upon a time", 0)).await?.into_inner();
     stream.message().await?.context("no first piece")?;
     // SAFETY: SIGKILL to a rank of the daemon's runner group.
     unsafe { libc::kill(ranks[1] as i32, libc::SIGKILL) };
@@ -434,7 +442,32 @@ async fn the_daemon_runs_a_group_and_recovers_from_a_killed_rank() -> Result<()>
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (again, _) = finish(c.chat(chat(&m, "hello", 16)).await?.into_inner()).await?;
+    let (again, _) = finish(c.chat(sharded("hello", 16)).await?.into_inner()).await?;
     ensure!(again == want, "the new group gave {again:?}");
+    // Another count: the idle group is replaced by one runner.
+    finish(c.chat(chat(&m, "hello", 4)).await?.into_inner()).await?;
+    let ps = c.ps(gpb::PsRequest {}).await?.into_inner().models;
+    ensure!(
+        ps.len() == 1 && ps[0].shards == 1 && ps[0].ranks.is_empty(),
+        "{ps:?}"
+    );
+    let bad = c
+        .chat(gpb::ChatRequest {
+            shards: Some(0),
+            ..chat(&m, "hello", 4)
+        })
+        .await
+        .err()
+        .context("0 shards were accepted")?;
+    ensure!(bad.code() == tonic::Code::InvalidArgument, "{bad:?}");
+    // GROVE_SHARDS sets the daemon's default.
+    let (_d2, mut c2) = Daemon::start(&[("GROVE_SHARDS", "2")]).await?;
+    let (got, _) = finish(c2.chat(chat(&m, "hello", 16)).await?.into_inner()).await?;
+    ensure!(got == want, "GROVE_SHARDS=2 gave {got:?}");
+    let ps = c2.ps(gpb::PsRequest {}).await?.into_inner().models;
+    ensure!(
+        ps.len() == 1 && ps[0].shards == 2 && ps[0].ranks.len() == 2,
+        "{ps:?}"
+    );
     Ok(())
 }

@@ -84,6 +84,11 @@ pub struct RunArgs {
     /// Context length for this session.
     #[arg(long)]
     pub num_ctx: Option<u32>,
+    /// Split the model over this many processes on the daemon's host
+    /// (tensor parallelism; default GROVE_SHARDS of the daemon, 1). A model
+    /// loaded over another count is reloaded when idle.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub shards: Option<u32>,
     /// Most tokens per answer.
     #[arg(long)]
     pub max_tokens: Option<u32>,
@@ -247,6 +252,18 @@ pub async fn run(cli: Cli) -> Result<()> {
                     kv,
                     until(m.expires_unix, m.active_requests)
                 );
+                if m.shards > 1 {
+                    println!("  split over {} processes:", m.shards);
+                    for r in &m.ranks {
+                        println!(
+                            "    rank {:<3} pid {:<8} {:<8} {:>10} resident",
+                            r.rank,
+                            r.pid,
+                            r.device,
+                            human_bytes(r.resident_bytes)
+                        );
+                    }
+                }
             }
         }
         Command::Show { model, template } => {

@@ -48,6 +48,7 @@ async fn answer(
         messages: history.to_vec(),
         options: Some(options(args)),
         keep_alive_ns: keep_alive,
+        shards: args.shards,
         ..Default::default()
     };
     // Ctrl-C also leaves while the model is still loading.
@@ -145,6 +146,7 @@ pub async fn run(mut client: Client, args: RunArgs, keep_alive: Option<i64>) -> 
     let load = client.load(pb::LoadRequest {
         model: args.model.clone(),
         keep_alive_ns: keep_alive,
+        shards: args.shards,
     });
     tokio::select! {
         r = load => {

@@ -140,6 +140,7 @@ async fn load_or_unload(api: &Api, model: String, keep: Option<i64>, line: Value
         }
     } else {
         let req = pb::LoadRequest {
+            shards: None,
             model,
             keep_alive_ns: keep,
         };
@@ -231,6 +232,7 @@ async fn chat(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) 
         .map(Value::to_string)
         .collect();
     let request = pb::ChatRequest {
+        shards: None,
         model: req.model,
         messages,
         parse_tool_calls: !tools.is_empty(),
@@ -285,6 +287,7 @@ async fn generate(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejectio
             return bad("raw prompts take no system prompt or think (nothing is templated)");
         }
         let request = pb::GenerateRequest {
+            shards: None,
             model: req.model,
             prompt: req.prompt,
             options: Some(opts),

@@ -501,6 +501,7 @@ impl CompletionRequest {
         })?;
         Ok(Completion {
             request: pb::GenerateRequest {
+                shards: None,
                 model: self.model,
                 prompt,
                 options: Some(options),
