@@ -33,6 +33,9 @@ pub struct DaemonConfig {
     pub context_length: Option<u32>,
     /// Processes each model is split over unless a request says (GROVE_SHARDS).
     pub shards: u32,
+    /// The memory budget is one GPU's: a group of N reserves 1/N of a
+    /// model on it (each rank has its own GPU).
+    pub per_device: bool,
     pub load_timeout: Duration,
     /// A loaded runner that does not answer Health within this is stuck and
     /// killed (GROVE_RUNNER_TIMEOUT).
@@ -111,13 +114,16 @@ impl DaemonConfig {
         let load_timeout = duration("GROVE_LOAD_TIMEOUT", Duration::from_secs(300))?;
         let runner_timeout = duration("GROVE_RUNNER_TIMEOUT", Duration::from_secs(30))?;
         let runner_bin = runner_binary()?;
+        let device = budget_memory(&runner_bin);
         let memory_budget = match env("GROVE_MEMORY") {
             Some(v) => v
                 .trim()
                 .parse()
                 .map_err(|_| invalid("GROVE_MEMORY", &v, "not a number of bytes"))?,
-            None => budget_memory(&runner_bin) / 4 * 3,
+            None => device.0 / 4 * 3,
         };
+        // One device's memory: a group's ranks each use their own.
+        let per_device = device.1;
         let context_length = match env("GROVE_CONTEXT_LENGTH") {
             None => None,
             Some(v) => Some(
@@ -136,6 +142,7 @@ impl DaemonConfig {
         }
         Ok(Self {
             shards,
+            per_device,
             host: host_from_env()?,
             allow_remote: env("GROVE_ALLOW_REMOTE").is_some_and(|v| v == "1" || v == "true"),
             keep_alive,
@@ -183,20 +190,31 @@ pub fn runner_binary() -> Result<PathBuf, ConfigError> {
 /// The memory models are loaded into: the GPU's on GPU hosts (asked of MLX
 /// through `grove-runner device`, since the daemon does not link MLX), else
 /// physical RAM.
-fn budget_memory(runner: &std::path::Path) -> u64 {
+/// The memory MLX runs in as `grove-runner device` reports it, and whether
+/// it is one device's (a GPU's) rather than the host's RAM.
+fn budget_memory(runner: &std::path::Path) -> (u64, bool) {
     let reported = std::process::Command::new(runner)
         .arg("device")
         .stderr(std::process::Stdio::null())
         .output()
         .ok()
         .filter(|o| o.status.success())
-        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok());
+    let bytes = reported
+        .as_ref()
         .and_then(|v| {
             v.get("memory_total_bytes")
                 .and_then(serde_json::Value::as_u64)
         })
         .filter(|&n| n > 0);
-    reported.unwrap_or_else(physical_memory)
+    let device = reported
+        .as_ref()
+        .and_then(|v| v.get("source").and_then(serde_json::Value::as_str))
+        == Some("device");
+    match bytes {
+        Some(b) => (b, device),
+        None => (physical_memory(), false),
+    }
 }
 
 fn physical_memory() -> u64 {

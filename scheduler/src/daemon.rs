@@ -75,6 +75,7 @@ pub async fn run(
         memory_budget: config.memory_budget,
         context_length: config.context_length,
         shards: config.shards,
+        per_device: config.per_device,
     });
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<GroveServer<Api>>().await;

@@ -38,6 +38,10 @@ pub struct SchedConfig {
     /// Processes a model is split over when a request does not say
     /// (GROVE_SHARDS).
     pub shards: u32,
+    /// The memory budget is one GPU's, and a group's ranks each have their
+    /// own: a group of N reserves 1/N of the model. (On the CPU all ranks
+    /// share the host's memory and the whole model is reserved.)
+    pub per_device: bool,
 }
 
 /// The most processes one model may be split over (as the runner allows).
@@ -406,6 +410,14 @@ impl Actor {
             return None;
         }
         let size = match model_size(&key) {
+            Ok(s) if self.config.per_device && shards > 1 => {
+                let n = u64::from(shards);
+                ModelSize {
+                    weight_bytes: s.weight_bytes.div_ceil(n),
+                    kv_bytes_per_token: s.kv_bytes_per_token.div_ceil(n),
+                    min_bytes: s.min_bytes.div_ceil(n),
+                }
+            }
             Ok(s) => s,
             Err(message) => {
                 let _ = reply.send(Err(SchedError::LoadFailed {
