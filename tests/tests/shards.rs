@@ -91,6 +91,19 @@ fn qwen3_on_two_ranks_matches_mlx_lm() -> Result<()> {
     two_ranks_match_mlx_lm("qwen3-f32")
 }
 
+#[test]
+fn qwen3_moe_on_two_ranks_matches_mlx_lm() -> Result<()> {
+    // Every expert split by its width (stacked, mlx-lm's layout), the
+    // router whole; a dense layer among them (mlp_only_layers).
+    two_ranks_match_mlx_lm("qwen3-moe-f32")
+}
+
+#[test]
+fn qwen3_moe_in_hf_layout_on_two_ranks_matches_mlx_lm() -> Result<()> {
+    // One tensor per expert (HF's layout), each sliced before stacking.
+    two_ranks_match_mlx_lm("qwen3-moe-hf-f32")
+}
+
 /// A 4-bit model with groups of 32 (the fixtures' groups of 64 span a whole
 /// row of o_proj, which two ranks cannot share), made by mlx-lm's converter:
 /// 2 ranks give one runner's tokens, and a chunked prefill changes nothing.
@@ -184,9 +197,12 @@ fn what_cannot_be_split_is_refused_with_the_numbers() -> Result<()> {
     // mlx-lm has no shard() for Phi-3 (fused q/k/v).
     let err = refused(&fixtures::model_dir("phi3-f32")?, "2")?;
     ensure!(err.contains("Phi3 models cannot be sharded"), "{err}");
-    // Experts: not yet.
-    let err = refused(&fixtures::model_dir("qwen3-moe-f32")?, "2")?;
+    // Attention sinks: not yet (mlx-lm shards gpt-oss).
+    let err = refused(&fixtures::model_dir("gpt-oss-f32")?, "2")?;
     ensure!(err.contains("is not supported yet"), "{err}");
+    // mlx-lm has no shard() for Qwen3-Next either.
+    let err = refused(&fixtures::model_dir("qwen3-next-f32")?, "2")?;
+    ensure!(err.contains("Qwen3Next models cannot be sharded"), "{err}");
     // A GGUF file is converted whole; its imported directory can be split.
     let err = refused(&fixtures::gguf("llama-f32.gguf")?, "2")?;
     ensure!(err.contains("is a GGUF file"), "{err}");

@@ -18,41 +18,50 @@ use crate::model::safetensors::TensorInfo;
 /// How one tensor is split over the group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Split {
-    /// By the first axis (output rows): this rank's contiguous block.
+    /// By output rows (the last axis but one): this rank's block of rows,
+    /// of every expert when the experts are stacked.
     Rows,
-    /// By the second axis (input columns): a block of every row.
+    /// By input columns (the last axis): a block of every row.
     Cols,
     /// The bias of a row-parallel layer: added once, after the sum (whole on
     /// rank 0, zeros on the others).
     RankZero,
 }
 
-/// The projections split by rows, and those split by columns.
-const COLUMN_PARALLEL: [&str; 5] = [
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "mlp.gate_proj",
-    "mlp.up_proj",
-];
-const ROW_PARALLEL: [&str; 2] = ["self_attn.o_proj", "mlp.down_proj"];
+/// The projections split by rows, and those split by columns (as modules
+/// under `model.layers.N.`; an expert's are under `mlp.experts.E.` in HF's
+/// layout or stacked under `mlp.switch_mlp.`).
+const COLUMN_PARALLEL: [&str; 2] = ["gate_proj", "up_proj"];
+const ATTENTION_COLUMN: [&str; 3] = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"];
 
-/// How the tensor `name` is split (`None`: whole on every rank).
+/// How the tensor `name` is split (`None`: whole on every rank). The
+/// router (`mlp.gate`), norms, embeddings and the head are whole.
 pub fn split_of(name: &str) -> Option<Split> {
     let rest = name.strip_prefix("model.layers.")?;
     let (_, rest) = rest.split_once('.')?;
     let (module, leaf) = rest.rsplit_once('.')?;
-    if COLUMN_PARALLEL.contains(&module) {
-        return Some(Split::Rows);
-    }
-    if ROW_PARALLEL.contains(&module) {
-        return Some(if leaf == "bias" {
+    let mlp_part = module
+        .strip_prefix("mlp.switch_mlp.")
+        .or_else(|| {
+            let e = module.strip_prefix("mlp.experts.")?;
+            let (index, part) = e.split_once('.')?;
+            index.parse::<u32>().ok().map(|_| part)
+        })
+        .or_else(|| module.strip_prefix("mlp."));
+    let column = ATTENTION_COLUMN.contains(&module)
+        || mlp_part.is_some_and(|p| COLUMN_PARALLEL.contains(&p));
+    let row = module == "self_attn.o_proj" || mlp_part == Some("down_proj");
+    if column {
+        Some(Split::Rows)
+    } else if row {
+        Some(if leaf == "bias" {
             Split::RankZero
         } else {
             Split::Cols
-        });
+        })
+    } else {
+        None
     }
-    None
 }
 
 /// MLX's dtype for a safetensors dtype name.
@@ -92,13 +101,17 @@ pub fn read_slice(
     let dtype = mlx_dtype(&info.dtype).ok_or_else(|| bad(format!("dtype {}", info.dtype)))?;
     let (rank, size) = (rank as u64, size.max(1) as u64);
     let shape = &info.shape;
+    // A bias is one row: whole or nothing. A matrix (or stacked matrices)
+    // splits its rows or its columns.
     let axis = match split {
-        Split::Rows | Split::RankZero => 0,
-        Split::Cols => 1,
+        Split::RankZero => 0,
+        Split::Rows if shape.len() >= 2 => shape.len() - 2,
+        Split::Rows => 0,
+        Split::Cols => shape.len().saturating_sub(1),
     };
-    if shape.len() <= axis || (split == Split::Cols && shape.len() != 2) {
+    if shape.is_empty() || (split == Split::Cols && shape.len() < 2) {
         return Err(bad(format!(
-            "a {}-dimensional tensor {shape:?} cannot be split along axis {axis}",
+            "a {}-dimensional tensor {shape:?} cannot be split that way",
             shape.len()
         )));
     }
@@ -121,34 +134,27 @@ pub fn read_slice(
     };
     let el = info.element;
     let mut out_shape: Vec<u64> = shape.clone();
-    let bytes = match split {
-        Split::Rows => {
-            let rows = shape[0] / size;
-            out_shape[0] = rows;
-            let row_bytes: u64 = shape[1..].iter().product::<u64>() * el;
-            let mut buf = vec![0u8; (rows * row_bytes) as usize];
-            read(&mut buf, info.offset + rank * rows * row_bytes)?;
-            buf
+    let bytes = if split == Split::RankZero {
+        let total: u64 = shape.iter().product::<u64>() * el;
+        let mut buf = vec![0u8; total as usize];
+        if rank == 0 {
+            read(&mut buf, info.offset)?;
         }
-        Split::Cols => {
-            let (rows, cols) = (shape[0], shape[1] / size);
-            out_shape[1] = cols;
-            let piece = (cols * el) as usize;
-            let mut buf = vec![0u8; rows as usize * piece];
-            for (r, chunk) in buf.chunks_exact_mut(piece.max(1)).enumerate() {
-                let at = info.offset + (r as u64 * shape[1] + rank * cols) * el;
-                read(chunk, at)?;
-            }
-            buf
+        buf
+    } else {
+        // The tensor as [outer, shape[axis], inner]: this rank's block of
+        // the middle axis is one contiguous piece per outer index.
+        let outer: u64 = shape[..axis].iter().product();
+        let inner: u64 = shape[axis + 1..].iter().product::<u64>() * el;
+        let part = shape[axis] / size;
+        out_shape[axis] = part;
+        let piece = (part * inner) as usize;
+        let mut buf = vec![0u8; outer as usize * piece];
+        for (o, chunk) in buf.chunks_exact_mut(piece.max(1)).enumerate() {
+            let at = info.offset + (o as u64 * shape[axis] + rank * part) * inner;
+            read(chunk, at)?;
         }
-        Split::RankZero => {
-            let total: u64 = shape.iter().product::<u64>() * el;
-            let mut buf = vec![0u8; total as usize];
-            if rank == 0 {
-                read(&mut buf, info.offset)?;
-            }
-            buf
-        }
+        buf
     };
     let dims: Vec<i32> = out_shape.iter().map(|&d| d as i32).collect();
     // SAFETY: `bytes` holds exactly the elements of `dims` in `dtype` (the
@@ -215,5 +221,24 @@ mod tests {
         assert_eq!(s("model.layers.9.self_attn.q_norm.weight"), None);
         assert_eq!(s("model.embed_tokens.weight"), None);
         assert_eq!(s("lm_head.weight"), None);
+        // Experts: stacked (mlx-lm) or one by one (HF); the router is whole.
+        assert_eq!(
+            s("model.layers.0.mlp.switch_mlp.gate_proj.weight"),
+            Some(Split::Rows)
+        );
+        assert_eq!(
+            s("model.layers.0.mlp.switch_mlp.down_proj.scales"),
+            Some(Split::Cols)
+        );
+        assert_eq!(
+            s("model.layers.0.mlp.experts.7.up_proj.weight"),
+            Some(Split::Rows)
+        );
+        assert_eq!(
+            s("model.layers.0.mlp.experts.7.down_proj.weight"),
+            Some(Split::Cols)
+        );
+        assert_eq!(s("model.layers.0.mlp.gate.weight"), None);
+        assert_eq!(s("model.layers.0.mlp.experts.x.down_proj.weight"), None);
     }
 }

@@ -81,25 +81,32 @@ pub fn join_from_env() -> Result<Option<Arc<Comm>>> {
 /// Refuses the architectures Grove cannot shard, before any weight is read.
 pub fn check_architecture(architecture: Architecture) -> Result<()> {
     match architecture {
-        Architecture::Llama | Architecture::Mistral | Architecture::Qwen2 | Architecture::Qwen3 => {
-            Ok(())
-        }
-        Architecture::Qwen3Moe
-        | Architecture::Qwen3Next
-        | Architecture::Qwen3_5
-        | Architecture::GptOss
-        | Architecture::Glm4MoeLite => Err(RunnerError::Shard {
+        Architecture::Llama
+        | Architecture::Mistral
+        | Architecture::Qwen2
+        | Architecture::Qwen3
+        | Architecture::Qwen3Moe => Ok(()),
+        Architecture::Qwen3Next => Err(RunnerError::Shard {
             phase: "planning the shards",
-            message: format!(
-                "sharding {architecture:?} models (experts, recurrent or latent attention) \
-                 is not supported yet; Llama, Mistral, Qwen2 and Qwen3 are"
-            ),
+            message: "Qwen3Next models cannot be sharded (mlx-lm has no shard() for them \
+                      either); Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE can"
+                .into(),
         }),
+        Architecture::Qwen3_5 | Architecture::GptOss | Architecture::Glm4MoeLite => {
+            Err(RunnerError::Shard {
+                phase: "planning the shards",
+                message: format!(
+                    "sharding {architecture:?} models (recurrent layers, attention sinks or \
+                 latent attention) is not supported yet; Llama, Mistral, Qwen2, Qwen3 and \
+                 Qwen3-MoE are"
+                ),
+            })
+        }
         _ => Err(RunnerError::Shard {
             phase: "planning the shards",
             message: format!(
                 "{architecture:?} models cannot be sharded (mlx-lm has no shard() for them \
-                 either); Llama, Mistral, Qwen2 and Qwen3 can"
+                 either); Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE can"
             ),
         }),
     }
@@ -118,6 +125,7 @@ pub fn check_config(raw: &serde_json::Value, size: i32) -> Result<()> {
             count("num_key_value_heads").or(heads),
         ),
         ("intermediate_size", count("intermediate_size")),
+        ("moe_intermediate_size", count("moe_intermediate_size")),
     ];
     for (name, value) in counts {
         if let Some(value) = value
@@ -156,8 +164,30 @@ pub fn split_spec(spec: &mut DecoderSpec, size: i32) -> Result<()> {
             message: "fused or gated projections cannot be sharded".into(),
         });
     }
+    if let Some(moe) = &spec.moe {
+        let i = moe.shape.intermediate;
+        if i % size != 0 {
+            return Err(RunnerError::Shard {
+                phase: "planning the shards",
+                message: format!(
+                    "moe_intermediate_size is {i}, which {size} ranks cannot share evenly"
+                ),
+            });
+        }
+        if moe.shape.shared_intermediate.is_some() || spec.delta.is_some() {
+            return Err(RunnerError::Shard {
+                phase: "planning the shards",
+                message: "shared experts and recurrent layers cannot be sharded yet".into(),
+            });
+        }
+    }
     spec.attention.heads /= size;
     spec.attention.kv_heads /= size;
     spec.mlp.intermediate /= size;
+    if let Some(moe) = spec.moe.as_mut() {
+        // Every rank holds every expert, 1/N of each one's width (mlx-lm's
+        // shard_inplace of switch_mlp); the router stays whole.
+        moe.shape.intermediate /= size;
+    }
     Ok(())
 }
