@@ -308,6 +308,18 @@ fn status(s: &Snapshot) -> pb::StatusResponse {
         disk_entries: m.disk_entries.min(u32::MAX as usize) as u32,
         disk_bytes: m.disk_bytes,
         disk_budget_bytes: m.disk_budget,
+        ranks: m
+            .ranks
+            .iter()
+            .enumerate()
+            .map(|(i, r)| pb::RankMemory {
+                rank: i as u32,
+                weight_bytes: r[0],
+                kv_bytes: r[1],
+                mlx_active_bytes: r[2],
+                mlx_peak_bytes: r[3],
+            })
+            .collect(),
     };
     pb::StatusResponse {
         health: Some(health(s)),

@@ -547,12 +547,16 @@ impl Actor {
                             let s = s.into_inner();
                             RunnerFacts {
                                 context_length: s.model.map_or(0, |m| m.context_length),
-                                on_gpu: s.memory.is_some_and(|m| {
+                                on_gpu: s.memory.as_ref().is_some_and(|m| {
                                     m.memory_source == rpb::MemorySource::Device as i32
                                 }),
-                                kv_capacity_tokens: s.memory.map_or(0, |m| m.kv_capacity_tokens),
+                                kv_capacity_tokens: s
+                                    .memory
+                                    .as_ref()
+                                    .map_or(0, |m| m.kv_capacity_tokens),
                                 kv_bits: s
                                     .memory
+                                    .as_ref()
                                     .and_then(|m| m.kv_quantization)
                                     .map_or(0, |q| q.bits),
                             }

@@ -332,6 +332,38 @@ async fn a_served_group_batches_caches_and_cancels() -> Result<()> {
                 ensure!(done.metrics().eval_tokens as usize == case.tokens.len());
             }
         }
+        // The memory invariant on every rank: once the group is idle, MLX
+        // holds exactly each rank's weights and its KV buffers (the prompt
+        // cache's entry), as it does for one runner.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = client
+                .status(grove_proto::runner::v1::StatusRequest {})
+                .await?
+                .into_inner();
+            let memory = status.memory.context("no memory report")?;
+            let held = |r: &grove_proto::runner::v1::RankMemory| {
+                (r.mlx_active_bytes as i64 - (r.weight_bytes + r.kv_bytes) as i64).abs()
+            };
+            let ok = memory.ranks.len() == 2
+                && memory
+                    .ranks
+                    .iter()
+                    .all(|r| r.kv_bytes > 0 && held(r) <= 64 << 10);
+            if ok {
+                // The two ranks hold the same share (o and down's biases
+                // aside, none here): their weights are equal.
+                ensure!(memory.ranks[0].weight_bytes == memory.ranks[1].weight_bytes);
+                ensure!(memory.ranks[0].weight_bytes == memory.weight_bytes);
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{model}: the ranks' memory is not weights + KV: {:?}",
+                memory.ranks
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         // A finished conversation is in the prompt cache.
         complete(&mut client, reqs[0].clone()).await?;
         let again = complete(&mut client, reqs[0].clone()).await?;

@@ -29,11 +29,14 @@ pub(super) struct Tick {
     pub gone: Vec<u64>,
     /// The engine stops.
     pub stop: bool,
+    /// The group is idle: every rank reports its memory ([`share_memory`]).
+    #[serde(default)]
+    pub report: bool,
 }
 
 impl Tick {
     fn is_empty(&self) -> bool {
-        self.arrived.is_empty() && self.gone.is_empty() && !self.stop
+        self.arrived.is_empty() && self.gone.is_empty() && !self.stop && !self.report
     }
 }
 
@@ -132,6 +135,47 @@ impl Lead {
     }
 }
 
+impl Lead {
+    /// Asks every rank for its memory (the group is idle); the caller then
+    /// takes part in [`share_memory`] as the others do.
+    pub fn report(&mut self, comm: &Comm) -> Result<()> {
+        let tick = Tick {
+            report: true,
+            ..Tick::default()
+        };
+        comm.broadcast_bytes(&serde_json::to_vec(&tick).map_err(wire_err)?)?;
+        Ok(())
+    }
+}
+
+/// Every rank's `own` figures, in rank order (each fills its slot of a
+/// vector the group sums).
+pub(super) fn share_memory(comm: &Comm, own: [u64; 4]) -> Result<Vec<[u64; 4]>> {
+    let n = comm.size().max(1) as usize;
+    let mut all = vec![0i64; n * 4];
+    let at = comm.rank() as usize * 4;
+    for (slot, v) in all[at..at + 4].iter_mut().zip(own) {
+        *slot = v.min(i64::MAX as u64) as i64;
+    }
+    let x = mlx_rs::Array::from_slice(&all, &[all.len() as i32]);
+    let sum = comm.all_sum(&x).map_err(wire_err)?;
+    sum.eval().map_err(wire_err)?;
+    Ok(sum
+        .as_slice::<i64>()
+        .chunks_exact(4)
+        .map(|c| [c[0], c[1], c[2], c[3]].map(|v| v.max(0) as u64))
+        .collect())
+}
+
+/// What a follower's turn brought.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Turn {
+    /// The engine stops.
+    pub stop: bool,
+    /// Rank 0 asks for every rank's memory.
+    pub report: bool,
+}
+
 fn request_id(r: &Request) -> Option<u64> {
     match r {
         Request::Generate { id, .. } | Request::Prewarm { id, .. } => Some(*id),
@@ -174,9 +218,8 @@ impl Default for Follow {
 }
 
 impl Follow {
-    /// Waits for rank 0's tick and applies it. Returns whether the engine
-    /// stops.
-    pub fn turn(&mut self, comm: &Comm, s: &mut State) -> Result<bool> {
+    /// Waits for rank 0's tick and applies it.
+    pub fn turn(&mut self, comm: &Comm, s: &mut State) -> Result<Turn> {
         // What the stand-ins were sent is read and dropped.
         self.events.retain_mut(|rx| {
             loop {
@@ -189,7 +232,7 @@ impl Follow {
         });
         let bytes = comm.broadcast_bytes(&[])?;
         if bytes.is_empty() {
-            return Ok(false);
+            return Ok(Turn::default());
         }
         let tick: Tick = serde_json::from_slice(&bytes).map_err(wire_err)?;
         for arrival in tick.arrived {
@@ -234,7 +277,10 @@ impl Follow {
             s.waiting.push_back(request);
         }
         apply_gone(s, &tick.gone);
-        Ok(tick.stop)
+        Ok(Turn {
+            stop: tick.stop,
+            report: tick.report,
+        })
     }
 }
 

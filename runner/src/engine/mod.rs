@@ -127,6 +127,9 @@ pub struct MemoryFigures {
     pub disk_entries: usize,
     pub disk_bytes: u64,
     pub disk_budget: u64,
+    /// A group's ranks when it last went idle: weights, KV, MLX active and
+    /// peak bytes of each.
+    pub ranks: Vec<[u64; 4]>,
 }
 
 /// What the engine publishes for Health and Status.

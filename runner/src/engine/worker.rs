@@ -88,6 +88,9 @@ pub(super) struct State {
     pub(super) batch: Batch,
     /// Final events for clients that read slowly.
     pub(super) pending: Vec<Pending>,
+    /// A group's ranks' memory when it last went idle (weights, KV, MLX
+    /// active, MLX peak).
+    pub(super) ranks: Vec<[u64; 4]>,
 }
 
 impl State {
@@ -147,6 +150,7 @@ impl Worker {
             group: None,
             batch: Batch::new(l.model.kinds()),
             pending: Vec::new(),
+            ranks: Vec::new(),
         };
         let mut open = true;
         // (prefilling, decoding, waiting) as last published.
@@ -166,9 +170,17 @@ impl Worker {
         loop {
             // 0. A follower's turn starts with rank 0's news.
             if let (true, Some(comm)) = (follower, lockstep.as_deref()) {
-                match follow.turn(comm, &mut s) {
-                    Ok(false) => {}
-                    Ok(true) => break,
+                let turn = follow.turn(comm, &mut s).and_then(|t| {
+                    if t.report {
+                        settle();
+                        let _ = mlx_rs::memory::clear_cache();
+                        super::lockstep::share_memory(comm, own_memory(l, &s))?;
+                    }
+                    Ok(t)
+                });
+                match turn {
+                    Ok(t) if t.stop => break,
+                    Ok(_) => {}
                     Err(e) => {
                         eprintln!("grove-runner: {e}");
                         break;
@@ -179,6 +191,20 @@ impl Worker {
             if s.idle() && open && !follower {
                 settle();
                 let _ = mlx_rs::memory::clear_cache();
+                // A group that goes idle: every rank says what it holds.
+                if let Some(comm) = lockstep.as_deref() {
+                    let shared = lead
+                        .report(comm)
+                        .and_then(|()| super::lockstep::share_memory(comm, own_memory(l, &s)));
+                    match shared {
+                        Ok(ranks) => s.ranks = ranks,
+                        Err(e) => {
+                            eprintln!("grove-runner: {e}");
+                            self.stopping.store(true, Ordering::SeqCst);
+                            break;
+                        }
+                    }
+                }
                 self.publish(l, &s, rx.len(), true);
                 shown = Some(counts(&s, &rx));
                 match rx.blocking_recv() {
@@ -375,15 +401,9 @@ impl Worker {
     /// is only published then, after the device has finished, so its memory
     /// figures are settled).
     fn publish(&self, l: &Loaded, s: &State, queued: usize, idle: bool) {
-        let kv: usize = l.cache.nbytes()
-            + s.batch.nbytes()
-            + s.prefilling
-                .iter()
-                .flat_map(|p| &p.caches)
-                .map(LayerKv::nbytes)
-                .sum::<usize>()
-            + s.group.as_ref().map_or(0, Group::nbytes);
+        let kv = kv_bytes(l, s);
         let figures = MemoryFigures {
+            ranks: s.ranks.clone(),
             budget: Some(l.budget),
             kv_bytes: kv as u64,
             checkpoint_bytes: l.cache.checkpoint_bytes() as u64,
@@ -588,6 +608,29 @@ impl Worker {
             message: e.to_string(),
         }
     }
+}
+
+/// Bytes of every KV buffer: the prompt cache's, the batch's and the
+/// prefilling sequences'.
+fn kv_bytes(l: &Loaded, s: &State) -> usize {
+    l.cache.nbytes()
+        + s.batch.nbytes()
+        + s.prefilling
+            .iter()
+            .flat_map(|p| &p.caches)
+            .map(LayerKv::nbytes)
+            .sum::<usize>()
+        + s.group.as_ref().map_or(0, Group::nbytes)
+}
+
+/// This rank's weights, KV, MLX active and peak bytes.
+fn own_memory(l: &Loaded, s: &State) -> [u64; 4] {
+    [
+        l.model.weight_bytes as u64,
+        kv_bytes(l, s) as u64,
+        mlx_rs::memory::active_memory().unwrap_or(0) as u64,
+        mlx_rs::memory::peak_memory().unwrap_or(0) as u64,
+    ]
 }
 
 /// Writes the prompt cache's entry to the SSD tier (when on).
