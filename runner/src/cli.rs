@@ -509,8 +509,20 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
         Group::Member(comm) => Some(comm),
         Group::Alone => None,
     };
+    let loading = std::time::Instant::now();
     let opened = crate::source::open_sharded(&args.model, args.cpu_dtypes, comm.as_ref())?;
     let (model, tokenizer) = (opened.model, opened.tokenizer);
+    if let Some(c) = &comm {
+        // Each rank's own figures (the benchmarks' per-rank load time and memory).
+        eprintln!(
+            "grove-runner: rank {} of {}: {} bytes of weights loaded in {:.2} s (MLX active {} bytes)",
+            c.rank(),
+            c.size(),
+            model.weight_bytes,
+            loading.elapsed().as_secs_f64(),
+            mlx_rs::memory::active_memory().unwrap_or(0)
+        );
+    }
     let prompt = match (&args.prompt, &args.prompt_tokens) {
         (Some(text), _) => tokenizer.encode_prompt(text)?,
         (None, Some(ids)) => ids.clone(),

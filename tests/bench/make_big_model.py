@@ -21,6 +21,21 @@ import torch
 from safetensors.torch import save_file
 
 SHAPES = {
+    # Qwen2.5-32B's sizes on Llama's layout (no q/k/v biases).
+    "llama-32b": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 5120,
+        "num_hidden_layers": 64,
+        "intermediate_size": 27648,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "vocab_size": 152064,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+    },
     "llama-8b": {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

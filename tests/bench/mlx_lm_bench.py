@@ -11,4 +11,14 @@ import mlx_lm_patch  # noqa: E402,F401
 from mlx_lm import benchmark  # noqa: E402
 
 if __name__ == "__main__":
+    import os
+
+    # A group started by hand (gpu_shards.sh): MLX_BENCH_BACKEND names the
+    # backend mlx-lm's benchmark joins (its own init() asks for "any").
+    backend = os.environ.get("MLX_BENCH_BACKEND")
+    if backend:
+        import mlx.core as mx
+
+        _init = mx.distributed.init
+        mx.distributed.init = lambda *a, **k: _init(strict=True, backend=backend)
     benchmark.main()
