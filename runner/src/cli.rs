@@ -304,7 +304,7 @@ fn run_serve(args: ServeArgs) -> Result<()> {
     let comm = match group_of(args.shards)? {
         Group::Launcher => {
             let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-            let backend = crate::shard::Backend::for_this_host();
+            let backend = crate::shard::Backend::from_env()?;
             return crate::shard::launch::run_local(args.shards, backend, &argv);
         }
         Group::Member(comm) => Some(comm),
@@ -503,7 +503,7 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
         Group::Launcher => {
             // Every rank is a copy of this command.
             let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-            let backend = crate::shard::Backend::for_this_host();
+            let backend = crate::shard::Backend::from_env()?;
             return crate::shard::launch::run_local(args.shards, backend, &argv);
         }
         Group::Member(comm) => Some(comm),

@@ -19,9 +19,19 @@ const LOGIT_TOLERANCE: f32 = 1e-4;
 /// Generates `case`'s prompt on `dir` with `extra` arguments; returns the
 /// tokens and the last prompt position's logits.
 fn generate(dir: &std::path::Path, case: &Case, extra: &[&str]) -> Result<(Vec<u32>, Vec<f32>)> {
+    generate_ids(dir, &case.prompt_tokens, case.max_tokens, extra)
+}
+
+/// As [`generate`], for a prompt of token ids.
+fn generate_ids(
+    dir: &std::path::Path,
+    prompt: &[u32],
+    max_tokens: usize,
+    extra: &[&str],
+) -> Result<(Vec<u32>, Vec<f32>)> {
     let dump = tempfile::NamedTempFile::new()?;
-    let ids = ids_arg(&case.prompt_tokens);
-    let max = case.max_tokens.to_string();
+    let ids = ids_arg(prompt);
+    let max = max_tokens.to_string();
     let mut args = vec![
         "--model",
         dir.to_str().unwrap_or_default(),
@@ -516,6 +526,88 @@ async fn the_daemon_runs_a_group_and_recovers_from_a_killed_rank() -> Result<()>
     ensure!(
         ps.len() == 1 && ps[0].shards == 2 && ps[0].ranks.len() == 2,
         "{ps:?}"
+    );
+    Ok(())
+}
+
+/// In bfloat16 (kept as stored) a split model rounds each rank's partial
+/// output before the sum, so 2 ranks drift from one runner within a few
+/// dozen tokens, in mlx-lm as in Grove. Grove's 2 ranks must give mlx-lm's
+/// 2 ranks (its `sharded_load` over the same ring backend): the same logits
+/// and the same greedy tokens up to Grove's EOS.
+#[test]
+fn bf16_on_two_ranks_matches_mlx_lm_on_two_ranks() -> Result<()> {
+    let dir = fixtures::model_dir("qwen3-bf16")?;
+    let ids: Vec<u32> = (0..64u32).map(|i| 5 + (i * 397 + 11) % 990).collect();
+    let ids_text = ids_arg(&ids);
+    // mlx-lm: two ranks on loopback, as mlx.launch would start them.
+    let ports: Vec<u16> = {
+        let l: Vec<std::net::TcpListener> = (0..2)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .collect::<std::io::Result<_>>()?;
+        l.iter()
+            .map(|l| l.local_addr().map(|a| a.port()))
+            .collect::<std::io::Result<_>>()?
+    };
+    let hostfile = tempfile::NamedTempFile::new()?;
+    std::fs::write(
+        hostfile.path(),
+        format!(
+            "[[\"127.0.0.1:{}\"], [\"127.0.0.1:{}\"]]",
+            ports[0], ports[1]
+        ),
+    )?;
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/mlx_lm_sharded.py");
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let ranks: Vec<_> = (0..2)
+        .map(|r| {
+            Command::new(&python)
+                .arg(&script)
+                .arg(&dir)
+                .arg(&ids_text)
+                .arg("32")
+                .env("MLX_RANK", r.to_string())
+                .env("MLX_HOSTFILE", hostfile.path())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+        })
+        .collect::<std::io::Result<_>>()?;
+    let mut outs = Vec::new();
+    for rank in ranks {
+        let out = rank.wait_with_output()?;
+        ensure!(
+            out.status.success(),
+            "mlx-lm's rank failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        outs.push(out.stdout);
+    }
+    #[derive(serde::Deserialize)]
+    struct Sharded {
+        tokens: Vec<u32>,
+        logits: Vec<f32>,
+    }
+    let mlx: Sharded = serde_json::from_slice(&outs[0])?;
+    let (tokens, logits) =
+        generate_ids(&dir, &ids, 32, &["--shards", "2", "--cpu-dtypes", "stored"])?;
+    ensure!(!tokens.is_empty() && tokens.len() <= mlx.tokens.len());
+    ensure!(
+        mlx.tokens.starts_with(&tokens),
+        "Grove's 2 ranks {tokens:?}, mlx-lm's {:?}",
+        mlx.tokens
+    );
+    let w = worst(&logits, &mlx.logits);
+    ensure!(
+        w <= LOGIT_TOLERANCE,
+        "logits differ from mlx-lm's 2 ranks by {w:e}"
+    );
+    // And they do differ from one runner's (what the test is about).
+    let (_, alone) = generate_ids(&dir, &ids, 32, &["--cpu-dtypes", "stored"])?;
+    ensure!(
+        worst(&alone, &logits) > LOGIT_TOLERANCE,
+        "no drift in bfloat16?"
     );
     Ok(())
 }

@@ -31,6 +31,20 @@ impl Backend {
         }
     }
 
+    /// The backend GROVE_SHARD_BACKEND names (`ring` or `nccl`), else the
+    /// one for this host ([`Backend::for_this_host`]).
+    pub fn from_env() -> Result<Self> {
+        match std::env::var(super::BACKEND_VAR).as_deref() {
+            Err(_) | Ok("") => Ok(Self::for_this_host()),
+            Ok("ring") => Ok(Self::Ring),
+            Ok("nccl") => Ok(Self::Nccl),
+            Ok(other) => Err(RunnerError::Shard {
+                phase: "starting the group",
+                message: format!("{}={other:?} is not ring or nccl", super::BACKEND_VAR),
+            }),
+        }
+    }
+
     /// MLX's name of the backend.
     pub fn name(self) -> &'static CStr {
         match self {
