@@ -301,14 +301,14 @@ fn run_serve(args: ServeArgs) -> Result<()> {
             "--prefill-chunk must be at least 1".into(),
         ));
     }
-    let comm = match group_of(args.shards)? {
-        Group::Launcher => {
+    let comm = match crate::shard::role(args.shards)? {
+        crate::shard::Role::Launcher => {
             let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
             let backend = crate::shard::Backend::from_env()?;
             return crate::shard::launch::run_local(args.shards, backend, &argv);
         }
-        Group::Member(comm) => Some(comm),
-        Group::Alone => None,
+        crate::shard::Role::Member(comm) => Some(comm),
+        crate::shard::Role::Alone => None,
     };
     // The SSD tier holds whole-model entries; a group keeps its cache in
     // memory only.
@@ -444,34 +444,6 @@ async fn shutdown_signal() {
 /// SIGKILL after 5 s).
 const EXIT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(4);
 
-/// What `--shards` makes of this process.
-enum Group {
-    /// No group.
-    Alone,
-    /// It starts the group's ranks (copies of its own command) and ends
-    /// them together.
-    Launcher,
-    /// A rank of the group (started by a launcher).
-    Member(std::sync::Arc<crate::shard::Comm>),
-}
-
-fn group_of(shards: i32) -> Result<Group> {
-    let Some(comm) = crate::shard::join_from_env()? else {
-        return Ok(if shards > 1 {
-            Group::Launcher
-        } else {
-            Group::Alone
-        });
-    };
-    if comm.size() != shards {
-        return Err(RunnerError::Shard {
-            phase: "joining the group",
-            message: format!("--shards {shards} in a group of {}", comm.size()),
-        });
-    }
-    Ok(Group::Member(comm))
-}
-
 /// A follower rank of `serve`: its engine follows rank 0's steps until the
 /// group stops (it has no socket and no clients).
 fn follow(args: &ServeArgs, comm: std::sync::Arc<crate::shard::Comm>) -> Result<()> {
@@ -499,15 +471,15 @@ fn follow(args: &ServeArgs, comm: std::sync::Arc<crate::shard::Comm>) -> Result<
 }
 
 fn run_generate(args: GenerateArgs) -> Result<()> {
-    let comm = match group_of(args.shards)? {
-        Group::Launcher => {
+    let comm = match crate::shard::role(args.shards)? {
+        crate::shard::Role::Launcher => {
             // Every rank is a copy of this command.
             let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
             let backend = crate::shard::Backend::from_env()?;
             return crate::shard::launch::run_local(args.shards, backend, &argv);
         }
-        Group::Member(comm) => Some(comm),
-        Group::Alone => None,
+        crate::shard::Role::Member(comm) => Some(comm),
+        crate::shard::Role::Alone => None,
     };
     let loading = std::time::Instant::now();
     let opened = crate::source::open_sharded(&args.model, args.cpu_dtypes, comm.as_ref())?;

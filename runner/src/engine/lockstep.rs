@@ -10,11 +10,12 @@
 //! every rank applies the same tick. A rank's own view of a client is never
 //! asked (a sequence's "gone" is latched, see [`super::sequence`]).
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::worker::State;
+use super::worker::{Loaded, State, Worker};
 use super::{Event, Job, KvChoice, Request};
 use crate::error::{Result, RunnerError};
 use crate::generate::GenerateParams;
@@ -297,4 +298,31 @@ pub(super) fn agree_limits(comm: &Comm, limits: [usize; 3]) -> Result<[usize; 3]
         *o = a.max(0) as usize;
     }
     Ok(out)
+}
+
+/// This rank's weights, KV, MLX active and peak bytes.
+pub(super) fn own_memory(l: &Loaded, s: &State) -> [u64; 4] {
+    [
+        l.model.weight_bytes as u64,
+        super::worker::kv_bytes(l, s) as u64,
+        mlx_rs::memory::active_memory().unwrap_or(0) as u64,
+        mlx_rs::memory::peak_memory().unwrap_or(0) as u64,
+    ]
+}
+
+impl Worker {
+    /// A failed pass: alone, the error as it is; in a group, the ranks may
+    /// no longer be in step (a rank died, a collective failed), so the
+    /// group ends: the error says so (UNAVAILABLE to clients) and the
+    /// engine stops.
+    pub(super) fn in_step(&self, e: RunnerError) -> RunnerError {
+        if self.lockstep.is_none() {
+            return e;
+        }
+        self.stopping.store(true, Ordering::SeqCst);
+        RunnerError::Shard {
+            phase: "keeping the group in step",
+            message: e.to_string(),
+        }
+    }
 }

@@ -9,6 +9,7 @@ pub mod batch;
 pub mod disk;
 mod group;
 mod lockstep;
+mod prefill;
 pub mod prompt_cache;
 pub mod sequence;
 pub mod warmup;

@@ -20,13 +20,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use mlx_rs::Array;
-use mlx_rs::ops::indexing::TryIndexOp;
-use mlx_rs::transforms::{async_eval, eval};
 use tokio::sync::{mpsc, watch};
 
 use super::admission::refuse;
 use super::batch::{Batch, reason};
 use super::group::Group;
+use super::prefill::{Advanced, advance};
 use super::prompt_cache::{Checkpoint, PromptCache};
 use super::sequence::{Pending, Progress, Sequence};
 use super::{
@@ -35,8 +34,7 @@ use super::{
 use crate::cache::LayerKv;
 use crate::chat::ChatParts;
 use crate::detokenize::TokenTable;
-use crate::error::{MlxPhase, Result, RunnerError};
-use crate::generate::maybe_quantize;
+use crate::error::{Result, RunnerError};
 use crate::memory::{Budget, budget_memory};
 use crate::model::Model;
 
@@ -174,7 +172,7 @@ impl Worker {
                     if t.report {
                         settle();
                         let _ = mlx_rs::memory::clear_cache();
-                        super::lockstep::share_memory(comm, own_memory(l, &s))?;
+                        super::lockstep::share_memory(comm, super::lockstep::own_memory(l, &s))?;
                     }
                     Ok(t)
                 });
@@ -193,9 +191,9 @@ impl Worker {
                 let _ = mlx_rs::memory::clear_cache();
                 // A group that goes idle: every rank says what it holds.
                 if let Some(comm) = lockstep.as_deref() {
-                    let shared = lead
-                        .report(comm)
-                        .and_then(|()| super::lockstep::share_memory(comm, own_memory(l, &s)));
+                    let shared = lead.report(comm).and_then(|()| {
+                        super::lockstep::share_memory(comm, super::lockstep::own_memory(l, &s))
+                    });
                     match shared {
                         Ok(ranks) => s.ranks = ranks,
                         Err(e) => {
@@ -593,26 +591,9 @@ impl Worker {
     }
 }
 
-impl Worker {
-    /// A failed pass: alone, the error as it is; in a group, the ranks may
-    /// no longer be in step (a rank died, a collective failed), so the
-    /// group ends: the error says so (UNAVAILABLE to clients) and the
-    /// engine stops.
-    fn in_step(&self, e: RunnerError) -> RunnerError {
-        if self.lockstep.is_none() {
-            return e;
-        }
-        self.stopping.store(true, Ordering::SeqCst);
-        RunnerError::Shard {
-            phase: "keeping the group in step",
-            message: e.to_string(),
-        }
-    }
-}
-
 /// Bytes of every KV buffer: the prompt cache's, the batch's and the
 /// prefilling sequences'.
-fn kv_bytes(l: &Loaded, s: &State) -> usize {
+pub(super) fn kv_bytes(l: &Loaded, s: &State) -> usize {
     l.cache.nbytes()
         + s.batch.nbytes()
         + s.prefilling
@@ -621,16 +602,6 @@ fn kv_bytes(l: &Loaded, s: &State) -> usize {
             .map(LayerKv::nbytes)
             .sum::<usize>()
         + s.group.as_ref().map_or(0, Group::nbytes)
-}
-
-/// This rank's weights, KV, MLX active and peak bytes.
-fn own_memory(l: &Loaded, s: &State) -> [u64; 4] {
-    [
-        l.model.weight_bytes as u64,
-        kv_bytes(l, s) as u64,
-        mlx_rs::memory::active_memory().unwrap_or(0) as u64,
-        mlx_rs::memory::peak_memory().unwrap_or(0) as u64,
-    ]
 }
 
 /// Writes the prompt cache's entry to the SSD tier (when on).
@@ -665,65 +636,4 @@ fn inspect_all(l: &Loaded, s: &State, inspect: Option<&Inspector>) {
         .chain(s.group.iter().flat_map(Group::arrays))
         .collect();
     inspect(&arrays);
-}
-
-/// What one prefill pass did.
-enum Advanced {
-    /// Evaluated a chunk; more follow.
-    Chunk,
-    /// Everything but the last prompt token is in the caches: the sequence
-    /// joins the batch with that token as its next input, so its first token
-    /// comes from a batch step (as in mlx-lm's BatchGenerator).
-    Join,
-    /// Nothing was in the caches and the prompt is one token: it was
-    /// evaluated alone and the first token sampled (`[1]`, dispatched).
-    First(Array),
-    /// A prewarm's whole prompt is in its caches.
-    Prewarmed,
-}
-
-/// Evaluates the next chunk (at most `cap` tokens) of the sequence's prompt
-/// into `caches`, and says what the sequence does next.
-fn advance(
-    model: &Model,
-    seq: &mut Sequence,
-    caches: &mut [LayerKv],
-    cap: usize,
-) -> Result<Advanced> {
-    let left = seq.left_to_prefill();
-    if left > 0 {
-        let n = left.min(seq.chunk).min(cap);
-        let start = seq.prefilled;
-        let chunk = Model::tokens_array(&seq.prompt[start..start + n]);
-        let hidden = model.decoder.forward(&chunk, caches).phase("prefill")?;
-        drop(hidden);
-        seq.prefilled += n;
-        // A quantized KV cache turns quantized where mlx-lm's prefill would
-        // check: after each of the request's chunks (counted from what the
-        // prompt cache gave) and after the whole prompt, never at the
-        // shorter passes the engine takes while others decode.
-        if (seq.prefilled - seq.cached).is_multiple_of(seq.chunk) || seq.left_to_prefill() == 0 {
-            maybe_quantize(caches, seq.kv).phase("prefill")?;
-        }
-        eval(caches.iter().flat_map(LayerKv::arrays)).phase("prefill")?;
-        mlx_rs::memory::clear_cache().phase("prefill")?;
-    }
-    if seq.left_to_prefill() > 0 {
-        return Ok(Advanced::Chunk);
-    }
-    if seq.is_prewarm() {
-        return Ok(Advanced::Prewarmed);
-    }
-    if seq.prefilled > 0 {
-        return Ok(Advanced::Join);
-    }
-    let last = Model::tokens_array(&seq.prompt[seq.prompt.len() - 1..]);
-    let hidden = model.decoder.forward(&last, caches).phase("prefill")?;
-    maybe_quantize(caches, seq.kv).phase("prefill")?;
-    let position = hidden.try_index((.., -1, ..)).phase("prefill")?;
-    let logits = model.decoder.logits(&position).phase("prefill")?;
-    let first = model.agree(seq.first_token(&logits)?).phase("prefill")?;
-    async_eval([&first]).phase("prefill")?;
-    seq.prefilled = seq.prompt.len();
-    Ok(Advanced::First(first))
 }

@@ -78,6 +78,34 @@ pub fn join_from_env() -> Result<Option<Arc<Comm>>> {
     Ok(Some(Arc::new(comm)))
 }
 
+/// What `--shards N` makes of this process.
+pub enum Role {
+    /// No group.
+    Alone,
+    /// It starts the group's ranks (copies of its own command) and ends
+    /// them together.
+    Launcher,
+    /// A rank of the group (started by a launcher).
+    Member(Arc<Comm>),
+}
+
+pub fn role(shards: i32) -> Result<Role> {
+    let Some(comm) = join_from_env()? else {
+        return Ok(if shards > 1 {
+            Role::Launcher
+        } else {
+            Role::Alone
+        });
+    };
+    if comm.size() != shards {
+        return Err(RunnerError::Shard {
+            phase: "joining the group",
+            message: format!("--shards {shards} in a group of {}", comm.size()),
+        });
+    }
+    Ok(Role::Member(comm))
+}
+
 /// Refuses the architectures Grove cannot shard, before any weight is read.
 pub fn check_architecture(architecture: Architecture) -> Result<()> {
     match architecture {
