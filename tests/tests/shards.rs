@@ -114,6 +114,13 @@ fn qwen3_moe_in_hf_layout_on_two_ranks_matches_mlx_lm() -> Result<()> {
     two_ranks_match_mlx_lm("qwen3-moe-hf-f32")
 }
 
+#[test]
+fn gpt_oss_on_two_ranks_matches_mlx_lm() -> Result<()> {
+    // Sinks per head, biases on q/k/v/o and on every expert, the router
+    // whole, sliding windows on alternate layers.
+    two_ranks_match_mlx_lm("gpt-oss-f32")
+}
+
 /// A 4-bit model with groups of 32 (the fixtures' groups of 64 span a whole
 /// row of o_proj, which two ranks cannot share), made by mlx-lm's converter:
 /// 2 ranks give one runner's tokens, and a chunked prefill changes nothing.
@@ -207,8 +214,8 @@ fn what_cannot_be_split_is_refused_with_the_numbers() -> Result<()> {
     // mlx-lm has no shard() for Phi-3 (fused q/k/v).
     let err = refused(&fixtures::model_dir("phi3-f32")?, "2")?;
     ensure!(err.contains("Phi3 models cannot be sharded"), "{err}");
-    // Attention sinks: not yet (mlx-lm shards gpt-oss).
-    let err = refused(&fixtures::model_dir("gpt-oss-f32")?, "2")?;
+    // Latent attention: not yet (mlx-lm shards GLM-4.7-Flash).
+    let err = refused(&fixtures::model_dir("glm4-moe-lite-f32")?, "2")?;
     ensure!(err.contains("is not supported yet"), "{err}");
     // mlx-lm has no shard() for Qwen3-Next either.
     let err = refused(&fixtures::model_dir("qwen3-next-f32")?, "2")?;

@@ -5,6 +5,7 @@
 //! bias (top k of its logits, softmax over those k), and gpt-oss's clipped
 //! SwiGLU. mlx-community's checkpoints keep the experts in MXFP4.
 use std::path::Path;
+use std::sync::Arc;
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp, take_along_axis};
@@ -25,6 +26,7 @@ use super::layers::switch::{GluShape, SwitchGlu};
 use super::weights::Weights;
 use crate::cache::{CacheKind, LayerCache};
 use crate::error::{Result, RunnerError};
+use crate::shard::Comm;
 
 /// `config.json` of a `GptOssForCausalLM`, with mlx-lm's defaults.
 #[derive(Debug, Clone, Deserialize)]
@@ -161,12 +163,23 @@ pub struct GptOss {
     blocks: Vec<Block>,
     norm: RmsNorm,
     lm_head: Linear,
+    /// The group its heads and experts' widths are split over.
+    shard: Option<Arc<Comm>>,
 }
 
 impl GptOss {
     /// Builds the model from mlx-lm-named weights (mlx-community's layout;
     /// the original checkpoint's fused `gate_up_proj` blocks are refused).
-    pub fn load(path: &Path, w: &mut Weights, quant: &Quantization, c: &Config) -> Result<Self> {
+    /// With `shard`, this rank's part of a model split over the group, as
+    /// mlx-lm's `shard()` does: 1/N of the heads (and their sinks) and of
+    /// every expert's width; the router whole.
+    pub fn load(
+        path: &Path,
+        w: &mut Weights,
+        quant: &Quantization,
+        c: &Config,
+        shard: Option<&Arc<Comm>>,
+    ) -> Result<Self> {
         if w.any(|n| n.contains("gate_up_proj")) {
             return Err(RunnerError::Weights(
                 "this gpt-oss checkpoint keeps its experts in the original fused \
@@ -187,6 +200,14 @@ impl GptOss {
         };
         dims.validate(path)?;
         check_eps(path, c.rms_norm_eps)?;
+        // A rank's share (the counts were checked to divide, from config.json).
+        let n = shard.map_or(1, |s| s.size());
+        let dims = Dims {
+            heads: dims.heads / n,
+            kv_heads: dims.kv_heads / n,
+            intermediate: dims.intermediate / n,
+            ..dims
+        };
         let (experts, top_k) = (c.num_local_experts, c.num_experts_per_tok);
         if experts < 1 || top_k < 1 || top_k > experts {
             return Err(config_error(
@@ -200,12 +221,7 @@ impl GptOss {
             qkv_bias: true,
             o_bias: true,
             sinks: true,
-            ..AttentionShape::plain(
-                c.hidden_size,
-                c.num_attention_heads,
-                c.num_key_value_heads,
-                c.head_dim,
-            )
+            ..AttentionShape::plain(c.hidden_size, dims.heads, dims.kv_heads, c.head_dim)
         };
         let rope = Rope::new(
             path,
@@ -217,7 +233,7 @@ impl GptOss {
         let glu = GluShape {
             experts,
             hidden: c.hidden_size,
-            intermediate: c.intermediate_size,
+            intermediate: dims.intermediate,
             bias: true,
             activation: Activation::SwigluOai,
         };
@@ -270,7 +286,21 @@ impl GptOss {
             blocks,
             norm,
             lm_head,
+            shard: shard.cloned(),
         })
+    }
+
+    /// A partial output summed over the group (as is, alone).
+    fn reduce(&self, r: Array) -> Result<Array, Exception> {
+        match &self.shard {
+            Some(comm) => comm.all_sum(&r),
+            None => Ok(r),
+        }
+    }
+
+    /// The group the model is split over, if any.
+    pub fn shard(&self) -> Option<&Arc<Comm>> {
+        self.shard.as_ref()
     }
 
     /// The model's sizes and layer kinds.
@@ -299,8 +329,9 @@ impl GptOss {
                 block
                     .attention
                     .forward(&block.input_norm.forward(&h)?, cache, masks.of(kind))?;
-            let h1 = h.add(&r)?;
-            h = h1.add(block.mlp.forward(&block.post_norm.forward(&h1)?)?)?;
+            let h1 = h.add(&self.reduce(r)?)?;
+            let r = block.mlp.forward(&block.post_norm.forward(&h1)?)?;
+            h = h1.add(&self.reduce(r)?)?;
         }
         // 4. Final norm.
         self.norm.forward(&h)

@@ -291,7 +291,7 @@ fn load_parts_sharded(
         }
         Architecture::GptOss => {
             let c: gpt_oss::Config = config::typed(&path, &raw)?;
-            let m = gpt_oss::GptOss::load(&path, &mut weights, q, &c)?;
+            let m = gpt_oss::GptOss::load(&path, &mut weights, q, &c, shard)?;
             let dims = m.dims().clone();
             ((Network::GptOss(m), dims), c.max_position_embeddings)
         }

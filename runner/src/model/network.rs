@@ -44,6 +44,7 @@ impl Network {
     pub fn shard(&self) -> Option<&std::sync::Arc<crate::shard::Comm>> {
         match self {
             Network::Decoder(m) => m.shard(),
+            Network::GptOss(m) => m.shard(),
             _ => None,
         }
     }

@@ -40,18 +40,29 @@ pub fn split_of(name: &str) -> Option<Split> {
     let rest = name.strip_prefix("model.layers.")?;
     let (_, rest) = rest.split_once('.')?;
     let (module, leaf) = rest.rsplit_once('.')?;
-    let mlp_part = module
-        .strip_prefix("mlp.switch_mlp.")
-        .or_else(|| {
-            let e = module.strip_prefix("mlp.experts.")?;
-            let (index, part) = e.split_once('.')?;
-            index.parse::<u32>().ok().map(|_| part)
-        })
-        .or_else(|| module.strip_prefix("mlp."));
+    // The MLP's projection, and whether its experts are stacked in one
+    // tensor (mlx-lm's `switch_mlp`, gpt-oss's `experts`) rather than one
+    // tensor per expert (HF's `experts.E`).
+    let (mlp_part, stacked) = if let Some(p) = module.strip_prefix("mlp.switch_mlp.") {
+        (Some(p), true)
+    } else if let Some(e) = module.strip_prefix("mlp.experts.") {
+        match e.split_once('.') {
+            Some((index, part)) if index.parse::<u32>().is_ok() => (Some(part), false),
+            _ => (Some(e), true),
+        }
+    } else {
+        (module.strip_prefix("mlp."), false)
+    };
     let column = ATTENTION_COLUMN.contains(&module)
         || mlp_part.is_some_and(|p| COLUMN_PARALLEL.contains(&p));
     let row = module == "self_attn.o_proj" || mlp_part == Some("down_proj");
-    if column {
+    if module == "self_attn" && leaf == "sinks" {
+        // gpt-oss's sink logit per head: this rank's heads.
+        Some(Split::Rows)
+    } else if column && stacked && leaf == "bias" {
+        // Stacked experts' biases, [experts, out]: split by out.
+        Some(Split::Cols)
+    } else if column {
         Some(Split::Rows)
     } else if row {
         Some(if leaf == "bias" {
@@ -240,5 +251,24 @@ mod tests {
         );
         assert_eq!(s("model.layers.0.mlp.gate.weight"), None);
         assert_eq!(s("model.layers.0.mlp.experts.x.down_proj.weight"), None);
+        // gpt-oss: stacked experts with biases, sinks per head.
+        assert_eq!(
+            s("model.layers.0.mlp.experts.gate_proj.weight"),
+            Some(Split::Rows)
+        );
+        assert_eq!(
+            s("model.layers.0.mlp.experts.gate_proj.bias"),
+            Some(Split::Cols)
+        );
+        assert_eq!(
+            s("model.layers.0.mlp.experts.down_proj.weight"),
+            Some(Split::Cols)
+        );
+        assert_eq!(
+            s("model.layers.0.mlp.experts.down_proj.bias"),
+            Some(Split::RankZero)
+        );
+        assert_eq!(s("model.layers.0.mlp.router.bias"), None);
+        assert_eq!(s("model.layers.0.self_attn.sinks"), Some(Split::Rows));
     }
 }

@@ -113,28 +113,26 @@ pub fn check_architecture(architecture: Architecture) -> Result<()> {
         | Architecture::Mistral
         | Architecture::Qwen2
         | Architecture::Qwen3
-        | Architecture::Qwen3Moe => Ok(()),
+        | Architecture::Qwen3Moe
+        | Architecture::GptOss => Ok(()),
         Architecture::Qwen3Next => Err(RunnerError::Shard {
             phase: "planning the shards",
             message: "Qwen3Next models cannot be sharded (mlx-lm has no shard() for them \
-                      either); Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE can"
+                      either); Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and gpt-oss can"
                 .into(),
         }),
-        Architecture::Qwen3_5 | Architecture::GptOss | Architecture::Glm4MoeLite => {
-            Err(RunnerError::Shard {
-                phase: "planning the shards",
-                message: format!(
-                    "sharding {architecture:?} models (recurrent layers, attention sinks or \
-                 latent attention) is not supported yet; Llama, Mistral, Qwen2, Qwen3 and \
-                 Qwen3-MoE are"
-                ),
-            })
-        }
+        Architecture::Qwen3_5 | Architecture::Glm4MoeLite => Err(RunnerError::Shard {
+            phase: "planning the shards",
+            message: format!(
+                "sharding {architecture:?} models (recurrent layers or latent attention) \
+                 is not supported yet; Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and gpt-oss are"
+            ),
+        }),
         _ => Err(RunnerError::Shard {
             phase: "planning the shards",
             message: format!(
                 "{architecture:?} models cannot be sharded (mlx-lm has no shard() for them \
-                 either); Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE can"
+                 either); Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and gpt-oss can"
             ),
         }),
     }
