@@ -301,14 +301,9 @@ fn run_serve(args: ServeArgs) -> Result<()> {
             "--prefill-chunk must be at least 1".into(),
         ));
     }
-    let comm = match crate::shard::role(args.shards)? {
-        crate::shard::Role::Launcher => {
-            let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-            let backend = crate::shard::Backend::from_env()?;
-            return crate::shard::launch::run_local(args.shards, backend, &argv);
-        }
-        crate::shard::Role::Member(comm) => Some(comm),
-        crate::shard::Role::Alone => None,
+    // A launcher runs its group (copies of this command) and is done.
+    let Some(comm) = crate::shard::launch_or_join(args.shards)? else {
+        return Ok(());
     };
     // The SSD tier holds whole-model entries; a group keeps its cache in
     // memory only.
@@ -471,15 +466,9 @@ fn follow(args: &ServeArgs, comm: std::sync::Arc<crate::shard::Comm>) -> Result<
 }
 
 fn run_generate(args: GenerateArgs) -> Result<()> {
-    let comm = match crate::shard::role(args.shards)? {
-        crate::shard::Role::Launcher => {
-            // Every rank is a copy of this command.
-            let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-            let backend = crate::shard::Backend::from_env()?;
-            return crate::shard::launch::run_local(args.shards, backend, &argv);
-        }
-        crate::shard::Role::Member(comm) => Some(comm),
-        crate::shard::Role::Alone => None,
+    // A launcher runs its group (copies of this command) and is done.
+    let Some(comm) = crate::shard::launch_or_join(args.shards)? else {
+        return Ok(());
     };
     let loading = std::time::Instant::now();
     let opened = crate::source::open_sharded(&args.model, args.cpu_dtypes, comm.as_ref())?;

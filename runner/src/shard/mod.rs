@@ -106,6 +106,22 @@ pub fn role(shards: i32) -> Result<Role> {
     Ok(Role::Member(comm))
 }
 
+/// What `--shards N` makes of this process, acted on: a launcher runs its
+/// group (copies of this process's command, `run_local`) and gets `None`
+/// once every rank has ended; a member gets its group, a process alone
+/// `Some(None)`.
+pub fn launch_or_join(shards: i32) -> Result<Option<Option<Arc<Comm>>>> {
+    match role(shards)? {
+        Role::Launcher => {
+            let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+            launch::run_local(shards, Backend::from_env()?, &argv)?;
+            Ok(None)
+        }
+        Role::Member(comm) => Ok(Some(Some(comm))),
+        Role::Alone => Ok(Some(None)),
+    }
+}
+
 /// Refuses the architectures Grove cannot shard, before any weight is read.
 pub fn check_architecture(architecture: Architecture) -> Result<()> {
     match architecture {
