@@ -121,6 +121,27 @@ fn gpt_oss_on_two_ranks_matches_mlx_lm() -> Result<()> {
     two_ranks_match_mlx_lm("gpt-oss-f32")
 }
 
+#[test]
+fn qwen3_5_on_two_ranks_matches_mlx_lm() -> Result<()> {
+    // Gated delta-nets split by heads (the fused q/k/v projection and the
+    // convolution piece by piece), gated attention, an untied head.
+    two_ranks_match_mlx_lm("qwen3.5-f32")
+}
+
+#[test]
+fn qwen3_5_moe_on_two_ranks_matches_mlx_lm() -> Result<()> {
+    // Every expert and the shared expert 1/N wide; the shared expert's
+    // sigmoid gate and the router whole.
+    two_ranks_match_mlx_lm("qwen3.5-moe-f32")
+}
+
+#[test]
+fn qwen3_5_moe_in_hf_layout_on_two_ranks_matches_mlx_lm() -> Result<()> {
+    // HF's names under model.language_model, its convolution layout and
+    // its fused gate_up of stacked experts (each half split apart).
+    two_ranks_match_mlx_lm("qwen3.5-moe-hf-f32")
+}
+
 /// A 4-bit model with groups of 32 (the fixtures' groups of 64 span a whole
 /// row of o_proj, which two ranks cannot share), made by mlx-lm's converter:
 /// 2 ranks give one runner's tokens, and a chunked prefill changes nothing.
@@ -209,6 +230,12 @@ fn what_cannot_be_split_is_refused_with_the_numbers() -> Result<()> {
     let err = refused(&fixtures::model_dir("llama-q4")?, "2")?;
     ensure!(
         err.contains("o_proj") && err.contains("has 1 entries, which 2 ranks cannot share evenly"),
+        "{err}"
+    );
+    // Qwen3.5 over more ranks than KV heads (mlx-lm would repeat them).
+    let err = refused(&fixtures::model_dir("qwen3.5-f32")?, "4")?;
+    ensure!(
+        err.contains("num_key_value_heads is 2, which 4 ranks cannot share evenly"),
         "{err}"
     );
     // mlx-lm has no shard() for Phi-3 (fused q/k/v).

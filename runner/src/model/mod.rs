@@ -169,7 +169,8 @@ pub fn load_dir_sharded(dir: &Path, policy: CpuDtypes, shard: Option<&Arc<Comm>>
         Some(comm) => {
             crate::shard::check_architecture(architecture)?;
             crate::shard::check_config(&raw, comm.size())?;
-            Weights::load_rank(dir, comm.rank(), comm.size())?.into_map()
+            let layout = crate::shard::layout(architecture, &path, &raw)?;
+            Weights::load_rank(dir, &layout, comm.rank(), comm.size())?.into_map()
         }
         None => Weights::load(dir)?.into_map(),
     };

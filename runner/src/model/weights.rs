@@ -42,10 +42,15 @@ impl Weights {
     /// [`Weights::load`] of rank `rank` of `size`: the tensors the group
     /// splits are this rank's slices, read by offset
     /// ([`crate::shard::load`]).
-    pub fn load_rank(dir: &Path, rank: i32, size: i32) -> Result<Self> {
+    pub fn load_rank(
+        dir: &Path,
+        layout: &crate::shard::load::Layout,
+        rank: i32,
+        size: i32,
+    ) -> Result<Self> {
         let mut tensors = HashMap::new();
         for file in safetensors_files(dir)? {
-            tensors.extend(crate::shard::load::load_file(&file, rank, size)?);
+            tensors.extend(crate::shard::load::load_file(&file, layout, rank, size)?);
         }
         Ok(Self { tensors })
     }

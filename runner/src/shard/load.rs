@@ -4,7 +4,10 @@
 //! (`shard_linear` of mlx.nn): q, k, v, gate and up are split by output rows
 //! ("all-to-sharded"), o and down by input columns ("sharded-to-all", their
 //! outputs summed over the group); embeddings, norms and the head are whole
-//! on every rank.
+//! on every rank. Qwen3.5's gated delta-nets split by heads as mlx-lm's
+//! `qwen3_5.shard()` does: the fused q/k/v projection and the convolution's
+//! channels piece by piece (q, k and v each 1/N), z, b, a, the decay and
+//! its bias by value heads, and the output projection by columns.
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -26,6 +29,24 @@ pub enum Split {
     /// The bias of a row-parallel layer: added once, after the sum (whole on
     /// rank 0, zeros on the others).
     RankZero,
+    /// By output rows, each of the pieces between these bounds split apart
+    /// (Qwen3.5's `in_proj_qkv`: this rank's q, its k and its v).
+    RowPieces([u64; 2]),
+    /// Along the first axis, pieces as [`Split::RowPieces`] (Qwen3.5's
+    /// depthwise convolution, one channel per q, k and v feature).
+    ChannelPieces([u64; 2]),
+    /// By output rows, each half apart (HF's stacked `experts.gate_up_proj`:
+    /// gate rows, then up rows).
+    RowHalves,
+}
+
+/// What the names alone do not say about a model's splits, from its config.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Layout {
+    /// Qwen3.5's key width (`linear_num_key_heads x linear_key_head_dim`):
+    /// where q ends and k ends in its delta-nets' fused projection and
+    /// convolution. `None`: a model without delta-nets.
+    pub delta_key_width: Option<u64>,
 }
 
 /// The projections split by rows, and those split by columns (as modules
@@ -34,12 +55,45 @@ pub enum Split {
 const COLUMN_PARALLEL: [&str; 2] = ["gate_proj", "up_proj"];
 const ATTENTION_COLUMN: [&str; 3] = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"];
 
+/// The projections of a delta-net split by (value) heads.
+const DELTA_ROWS: [&str; 3] = [
+    "linear_attn.in_proj_z",
+    "linear_attn.in_proj_b",
+    "linear_attn.in_proj_a",
+];
+
 /// How the tensor `name` is split (`None`: whole on every rank). The
-/// router (`mlp.gate`), norms, embeddings and the head are whole.
-pub fn split_of(name: &str) -> Option<Split> {
-    let rest = name.strip_prefix("model.layers.")?;
+/// router (`mlp.gate`), the shared expert's gate, norms, embeddings and the
+/// head are whole. A multimodal checkpoint's text layers
+/// (`model.language_model.layers.`, mlx-lm's `language_model.model.layers.`)
+/// split as a text model's.
+pub fn split_of(name: &str, layout: &Layout) -> Option<Split> {
+    let rest = [
+        "model.layers.",
+        "model.language_model.layers.",
+        "language_model.model.layers.",
+    ]
+    .iter()
+    .find_map(|p| name.strip_prefix(p))?;
     let (_, rest) = rest.split_once('.')?;
     let (module, leaf) = rest.rsplit_once('.')?;
+    if let Some(split) = delta_split(module, leaf, layout) {
+        return Some(split);
+    }
+    if module == "mlp.experts" && layout.delta_key_width.is_some() {
+        // Qwen3.5-MoE in HF's layout: stacked, unsuffixed tensors.
+        return match leaf {
+            "gate_up_proj" => Some(Split::RowHalves),
+            "down_proj" => Some(Split::Cols),
+            _ => None,
+        };
+    }
+    // A shared expert splits as a dense MLP (its sigmoid gate stays whole).
+    let module = module
+        .strip_prefix("mlp.shared_expert.")
+        .or_else(|| module.strip_prefix("mlp.shared_experts."))
+        .map_or(module.to_owned(), |p| format!("mlp.{p}"));
+    let module = module.as_str();
     // The MLP's projection, and whether its experts are stacked in one
     // tensor (mlx-lm's `switch_mlp`, gpt-oss's `experts`) rather than one
     // tensor per expert (HF's `experts.E`).
@@ -72,6 +126,20 @@ pub fn split_of(name: &str) -> Option<Split> {
         })
     } else {
         None
+    }
+}
+
+/// How a Qwen3.5 delta-net's tensor `module.leaf` is split, if it is one.
+fn delta_split(module: &str, leaf: &str, layout: &Layout) -> Option<Split> {
+    let key = layout.delta_key_width?;
+    let bounds = [key, 2 * key];
+    match (module, leaf) {
+        ("linear_attn.in_proj_qkv", _) => Some(Split::RowPieces(bounds)),
+        ("linear_attn.conv1d", "weight") => Some(Split::ChannelPieces(bounds)),
+        ("linear_attn", "dt_bias" | "A_log") => Some(Split::Rows),
+        ("linear_attn.out_proj", _) => Some(Split::Cols),
+        (m, _) if DELTA_ROWS.contains(&m) => Some(Split::Rows),
+        _ => None,
     }
 }
 
@@ -114,10 +182,10 @@ pub fn read_slice(
     let shape = &info.shape;
     // A bias is one row: whole or nothing. A matrix (or stacked matrices)
     // splits its rows or its columns.
+    let rows = if shape.len() >= 2 { shape.len() - 2 } else { 0 };
     let axis = match split {
-        Split::RankZero => 0,
-        Split::Rows if shape.len() >= 2 => shape.len() - 2,
-        Split::Rows => 0,
+        Split::RankZero | Split::ChannelPieces(_) => 0,
+        Split::Rows | Split::RowPieces(_) | Split::RowHalves => rows,
         Split::Cols => shape.len().saturating_sub(1),
     };
     if shape.is_empty() || (split == Split::Cols && shape.len() < 2) {
@@ -126,10 +194,34 @@ pub fn read_slice(
             shape.len()
         )));
     }
-    if split != Split::RankZero && !shape[axis].is_multiple_of(size) {
+    // The pieces of the split axis that are each shared out: one, or q, k
+    // and v, or gate and up.
+    let len = shape[axis];
+    let bounds: Vec<u64> = match split {
+        Split::RowPieces(b) | Split::ChannelPieces(b) => [&[0][..], &b[..], &[len][..]].concat(),
+        Split::RowHalves => vec![0, len / 2, len],
+        _ => vec![0, len],
+    };
+    if bounds.windows(2).any(|w| w[1] < w[0])
+        || (split == Split::RowHalves && !len.is_multiple_of(2))
+    {
         return Err(bad(format!(
-            "its axis {axis} has {} entries, which {size} ranks cannot share evenly",
-            shape[axis]
+            "its axis {axis} has {len} entries, which cannot hold the pieces {bounds:?}"
+        )));
+    }
+    if split != Split::RankZero
+        && let Some(w) = bounds
+            .windows(2)
+            .find(|w| !(w[1] - w[0]).is_multiple_of(size))
+    {
+        let what = if bounds.len() > 2 {
+            format!("the piece {}..{} of its axis {axis}", w[0], w[1])
+        } else {
+            format!("its axis {axis}")
+        };
+        return Err(bad(format!(
+            "{what} has {} entries, which {size} ranks cannot share evenly",
+            w[1] - w[0]
         )));
     }
     let file = File::open(path).map_err(|source| RunnerError::Read {
@@ -154,16 +246,28 @@ pub fn read_slice(
         buf
     } else {
         // The tensor as [outer, shape[axis], inner]: this rank's block of
-        // the middle axis is one contiguous piece per outer index.
+        // each piece of the middle axis is contiguous per outer index.
         let outer: u64 = shape[..axis].iter().product();
         let inner: u64 = shape[axis + 1..].iter().product::<u64>() * el;
-        let part = shape[axis] / size;
-        out_shape[axis] = part;
-        let piece = (part * inner) as usize;
-        let mut buf = vec![0u8; outer as usize * piece];
-        for (o, chunk) in buf.chunks_exact_mut(piece.max(1)).enumerate() {
-            let at = info.offset + (o as u64 * shape[axis] + rank * part) * inner;
-            read(chunk, at)?;
+        let blocks: Vec<(u64, u64)> = bounds
+            .windows(2)
+            .map(|w| {
+                let part = (w[1] - w[0]) / size;
+                (w[0] + rank * part, part)
+            })
+            .collect();
+        let kept: u64 = blocks.iter().map(|(_, part)| part).sum();
+        out_shape[axis] = kept;
+        let row = (kept * inner) as usize;
+        let mut buf = vec![0u8; outer as usize * row];
+        for (o, chunk) in buf.chunks_exact_mut(row.max(1)).enumerate() {
+            let mut done = 0usize;
+            for &(start, part) in &blocks {
+                let bytes = (part * inner) as usize;
+                let at = info.offset + (o as u64 * len + start) * inner;
+                read(&mut chunk[done..done + bytes], at)?;
+                done += bytes;
+            }
         }
         buf
     };
@@ -183,7 +287,12 @@ pub fn read_slice(
 
 /// This rank's tensors of one safetensors file: the ones it shares, sliced
 /// by offset; the others as MLX's loader gives them (read when evaluated).
-pub fn load_file(path: &Path, rank: i32, size: i32) -> Result<HashMap<String, Array>> {
+pub fn load_file(
+    path: &Path,
+    layout: &Layout,
+    rank: i32,
+    size: i32,
+) -> Result<HashMap<String, Array>> {
     let header = crate::model::safetensors::header(path)?;
     let loaded = Array::load_safetensors(path).map_err(|e| {
         RunnerError::Weights(format!(
@@ -193,7 +302,7 @@ pub fn load_file(path: &Path, rank: i32, size: i32) -> Result<HashMap<String, Ar
     })?;
     let mut out = HashMap::with_capacity(loaded.len());
     for (name, array) in loaded {
-        let array = match (split_of(&name), header.get(&name)) {
+        let array = match (split_of(&name, layout), header.get(&name)) {
             (Some(split), Some(info)) => {
                 // MLX's lazy array is dropped unread.
                 drop(array);
@@ -212,7 +321,7 @@ mod tests {
 
     #[test]
     fn splits_follow_mlx_lm_shard() {
-        let s = |n: &str| split_of(n);
+        let s = |n: &str| split_of(n, &Layout::default());
         assert_eq!(
             s("model.layers.3.self_attn.q_proj.weight"),
             Some(Split::Rows)
@@ -270,5 +379,111 @@ mod tests {
         );
         assert_eq!(s("model.layers.0.mlp.router.bias"), None);
         assert_eq!(s("model.layers.0.self_attn.sinks"), Some(Split::Rows));
+    }
+
+    #[test]
+    fn qwen3_5_splits_follow_its_shard() {
+        let layout = Layout {
+            delta_key_width: Some(32),
+        };
+        let s = |n: &str| split_of(n, &layout);
+        for prefix in [
+            "model.language_model.layers.0",
+            "language_model.model.layers.0",
+        ] {
+            let t = |leaf: &str| s(&format!("{prefix}.{leaf}"));
+            assert_eq!(
+                t("linear_attn.in_proj_qkv.weight"),
+                Some(Split::RowPieces([32, 64]))
+            );
+            assert_eq!(
+                t("linear_attn.in_proj_qkv.scales"),
+                Some(Split::RowPieces([32, 64]))
+            );
+            assert_eq!(
+                t("linear_attn.conv1d.weight"),
+                Some(Split::ChannelPieces([32, 64]))
+            );
+            assert_eq!(t("linear_attn.in_proj_z.weight"), Some(Split::Rows));
+            assert_eq!(t("linear_attn.in_proj_a.weight"), Some(Split::Rows));
+            assert_eq!(t("linear_attn.dt_bias"), Some(Split::Rows));
+            assert_eq!(t("linear_attn.A_log"), Some(Split::Rows));
+            assert_eq!(t("linear_attn.out_proj.weight"), Some(Split::Cols));
+            assert_eq!(t("linear_attn.norm.weight"), None);
+            assert_eq!(t("self_attn.q_proj.weight"), Some(Split::Rows));
+            assert_eq!(t("mlp.shared_expert.gate_proj.weight"), Some(Split::Rows));
+            assert_eq!(t("mlp.shared_expert.down_proj.weight"), Some(Split::Cols));
+            assert_eq!(t("mlp.shared_expert_gate.weight"), None);
+            assert_eq!(t("mlp.experts.gate_up_proj"), Some(Split::RowHalves));
+            assert_eq!(t("mlp.experts.down_proj"), Some(Split::Cols));
+            assert_eq!(t("input_layernorm.weight"), None);
+        }
+        assert_eq!(s("language_model.model.embed_tokens.weight"), None);
+        assert_eq!(s("language_model.lm_head.weight"), None);
+        // Without delta-nets those names are nobody's.
+        assert_eq!(
+            split_of(
+                "model.layers.0.linear_attn.in_proj_qkv.weight",
+                &Layout::default()
+            ),
+            None
+        );
+    }
+
+    /// A little-endian float32 safetensors file of `tensors`.
+    fn write_f32(path: &Path, tensors: &[(&str, Vec<u64>)]) -> HashMap<String, TensorInfo> {
+        let mut header = serde_json::Map::new();
+        let mut data = Vec::new();
+        for (name, shape) in tensors {
+            let n: u64 = shape.iter().product();
+            let start = data.len();
+            for i in 0..n {
+                data.extend_from_slice(&(i as f32).to_le_bytes());
+            }
+            header.insert(
+                (*name).to_owned(),
+                serde_json::json!({"dtype": "F32", "shape": shape,
+                    "data_offsets": [start, data.len()]}),
+            );
+        }
+        let text = serde_json::Value::Object(header).to_string();
+        let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(text.as_bytes());
+        bytes.extend_from_slice(&data);
+        std::fs::write(path, bytes).expect("writing a test file");
+        crate::model::safetensors::header(path).expect("reading it back")
+    }
+
+    fn values(a: &Array) -> (Vec<i32>, Vec<f32>) {
+        (a.shape().to_vec(), a.as_slice::<f32>().to_vec())
+    }
+
+    #[test]
+    fn pieces_are_each_shared_out() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("m.safetensors");
+        // Rows 0..6 of width 2 as [q q | k k | v v]; a convolution of 6
+        // channels, kernel 2; stacked gate_up of 2 experts, 4 rows of 1.
+        let h = write_f32(
+            &path,
+            &[
+                ("qkv", vec![6, 2]),
+                ("conv", vec![6, 2, 1]),
+                ("gu", vec![2, 4, 1]),
+            ],
+        );
+        let read = |name: &str, split, rank| {
+            read_slice(&path, name, &h[name], split, rank, 2).expect("a slice")
+        };
+        let qkv = read("qkv", Split::RowPieces([2, 4]), 1);
+        assert_eq!(values(&qkv), (vec![3, 2], vec![2., 3., 6., 7., 10., 11.]));
+        let conv = read("conv", Split::ChannelPieces([2, 4]), 0);
+        assert_eq!(values(&conv), (vec![3, 2, 1], vec![0., 1., 4., 5., 8., 9.]));
+        let gu = read("gu", Split::RowHalves, 1);
+        assert_eq!(values(&gu), (vec![2, 2, 1], vec![1., 3., 5., 7.]));
+        // A piece the group cannot share is named.
+        let err = read_slice(&path, "qkv", &h["qkv"], Split::RowPieces([1, 4]), 0, 2)
+            .expect_err("pieces of 1, 3 and 2 rows");
+        assert!(err.to_string().contains("the piece 0..1"), "{err}");
     }
 }

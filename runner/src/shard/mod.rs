@@ -122,6 +122,9 @@ pub fn launch_or_join(shards: i32) -> Result<Option<Option<Arc<Comm>>>> {
     }
 }
 
+/// The families a group can serve, as errors name them.
+const SHARDABLE: &str = "Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Qwen3.5 and gpt-oss";
+
 /// Refuses the architectures Grove cannot shard, before any weight is read.
 pub fn check_architecture(architecture: Architecture) -> Result<()> {
     match architecture {
@@ -130,25 +133,26 @@ pub fn check_architecture(architecture: Architecture) -> Result<()> {
         | Architecture::Qwen2
         | Architecture::Qwen3
         | Architecture::Qwen3Moe
+        | Architecture::Qwen3_5
         | Architecture::GptOss => Ok(()),
         Architecture::Qwen3Next => Err(RunnerError::Shard {
             phase: "planning the shards",
             message: "Qwen3Next models cannot be sharded (mlx-lm has no shard() for them \
-                      either); Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and gpt-oss can"
+                      either); {SHARDABLE} can"
                 .into(),
         }),
-        Architecture::Qwen3_5 | Architecture::Glm4MoeLite => Err(RunnerError::Shard {
+        Architecture::Glm4MoeLite => Err(RunnerError::Shard {
             phase: "planning the shards",
             message: format!(
-                "sharding {architecture:?} models (recurrent layers or latent attention) \
-                 is not supported yet; Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and gpt-oss are"
+                "sharding {architecture:?} models (latent attention) is not supported yet; \
+                 {SHARDABLE} are"
             ),
         }),
         _ => Err(RunnerError::Shard {
             phase: "planning the shards",
             message: format!(
                 "{architecture:?} models cannot be sharded (mlx-lm has no shard() for them \
-                 either); Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE and gpt-oss can"
+                 either); {SHARDABLE} can"
             ),
         }),
     }
@@ -168,6 +172,12 @@ pub fn check_config(raw: &serde_json::Value, size: i32) -> Result<()> {
         ),
         ("intermediate_size", count("intermediate_size")),
         ("moe_intermediate_size", count("moe_intermediate_size")),
+        (
+            "shared_expert_intermediate_size",
+            count("shared_expert_intermediate_size"),
+        ),
+        ("linear_num_key_heads", count("linear_num_key_heads")),
+        ("linear_num_value_heads", count("linear_num_value_heads")),
     ];
     for (name, value) in counts {
         if let Some(value) = value
@@ -200,7 +210,9 @@ pub fn split_spec(spec: &mut DecoderSpec, size: i32) -> Result<()> {
             });
         }
     }
-    if a.fused_qkv || spec.mlp.fused || a.output_gate || a.sinks {
+    // Qwen3.5's output gate is per head, beside each head's queries in
+    // q_proj's rows, so it splits with them.
+    if a.fused_qkv || spec.mlp.fused || a.sinks {
         return Err(RunnerError::Shard {
             phase: "planning the shards",
             message: "fused or gated projections cannot be sharded".into(),
@@ -216,11 +228,29 @@ pub fn split_spec(spec: &mut DecoderSpec, size: i32) -> Result<()> {
                 ),
             });
         }
-        if moe.shape.shared_intermediate.is_some() || spec.delta.is_some() {
+        if let Some(shared) = moe.shape.shared_intermediate
+            && shared % size != 0
+        {
             return Err(RunnerError::Shard {
                 phase: "planning the shards",
-                message: "shared experts and recurrent layers cannot be sharded yet".into(),
+                message: format!(
+                    "shared_expert_intermediate_size is {shared}, which {size} ranks cannot \
+                     share evenly"
+                ),
             });
+        }
+    }
+    if let Some(d) = &spec.delta {
+        for (name, value) in [
+            ("linear_num_key_heads", d.key_heads),
+            ("linear_num_value_heads", d.value_heads),
+        ] {
+            if value % size != 0 {
+                return Err(RunnerError::Shard {
+                    phase: "planning the shards",
+                    message: format!("{name} is {value}, which {size} ranks cannot share evenly"),
+                });
+            }
         }
     }
     spec.attention.heads /= size;
@@ -230,6 +260,37 @@ pub fn split_spec(spec: &mut DecoderSpec, size: i32) -> Result<()> {
         // Every rank holds every expert, 1/N of each one's width (mlx-lm's
         // shard_inplace of switch_mlp); the router stays whole.
         moe.shape.intermediate /= size;
+        if let Some(shared) = moe.shape.shared_intermediate.as_mut() {
+            *shared /= size;
+        }
+    }
+    if let Some(d) = spec.delta.as_mut() {
+        // 1/N of the key and of the value heads, so of the convolution's
+        // channels and of the recurrent state too (mlx-lm's qwen3_5.shard).
+        d.key_heads /= size;
+        d.value_heads /= size;
     }
     Ok(())
+}
+
+/// What the tensor names of `architecture` do not say about its splits,
+/// from its config.
+pub fn layout(
+    architecture: Architecture,
+    path: &std::path::Path,
+    raw: &serde_json::Value,
+) -> Result<load::Layout> {
+    Ok(match architecture {
+        Architecture::Qwen3_5 => {
+            let c = crate::model::qwen3_5::Config::parse(path, raw)?;
+            let width = i64::from(c.linear_num_key_heads) * i64::from(c.linear_key_head_dim);
+            load::Layout {
+                delta_key_width: Some(u64::try_from(width).map_err(|_| RunnerError::Shard {
+                    phase: "planning the shards",
+                    message: format!("linear_num_key_heads x linear_key_head_dim is {width}"),
+                })?),
+            }
+        }
+        _ => load::Layout::default(),
+    })
 }
