@@ -142,14 +142,22 @@ fn qwen3_5_moe_in_hf_layout_on_two_ranks_matches_mlx_lm() -> Result<()> {
     two_ranks_match_mlx_lm("qwen3.5-moe-hf-f32")
 }
 
-/// A 4-bit model with groups of 32 (the fixtures' groups of 64 span a whole
-/// row of o_proj, which two ranks cannot share), made by mlx-lm's converter:
-/// 2 ranks give one runner's tokens, and a chunked prefill changes nothing.
 #[test]
-fn quantized_llama_on_two_ranks_matches_one_runner() -> Result<()> {
-    let src = fixtures::model_dir("llama-f32")?;
+fn glm4_moe_lite_on_two_ranks_matches_mlx_lm() -> Result<()> {
+    // Latent attention by heads (q_b_proj's rows, embed_q and unembed_out),
+    // the latent and its cache whole on every rank; shared and routed
+    // experts 1/N wide, the bias-corrected router whole.
+    two_ranks_match_mlx_lm("glm4-moe-lite-f32")
+}
+
+/// `model` quantized to 4 bits with groups of 32 (the fixtures' groups of
+/// 64 span a whole row of o_proj, which two ranks cannot share) by mlx-lm's
+/// converter: 2 ranks give one runner's tokens, and a chunked prefill
+/// changes nothing.
+fn quantized_on_two_ranks_matches_one_runner(model: &str) -> Result<()> {
+    let src = fixtures::model_dir(model)?;
     let tmp = tempfile::tempdir()?;
-    let dst = tmp.path().join("llama-q4-g32");
+    let dst = tmp.path().join("q4-g32");
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let script = concat!(
         "import sys, contextlib, io\n",
@@ -168,7 +176,7 @@ fn quantized_llama_on_two_ranks_matches_one_runner() -> Result<()> {
         "mlx-lm's convert failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let reference = fixtures::reference("llama-f32")?;
+    let reference = fixtures::reference(model)?;
     let long = reference
         .cases
         .iter()
@@ -195,6 +203,18 @@ fn quantized_llama_on_two_ranks_matches_one_runner() -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[test]
+fn quantized_llama_on_two_ranks_matches_one_runner() -> Result<()> {
+    quantized_on_two_ranks_matches_one_runner("llama-f32")
+}
+
+#[test]
+fn quantized_glm4_moe_lite_on_two_ranks_matches_one_runner() -> Result<()> {
+    // Quantized per-head latent matrices (embed_q, unembed_out) split by
+    // heads with their scales and biases.
+    quantized_on_two_ranks_matches_one_runner("glm4-moe-lite-f32")
 }
 
 /// Runs a sharded generate that must fail; returns its stderr.
@@ -241,9 +261,6 @@ fn what_cannot_be_split_is_refused_with_the_numbers() -> Result<()> {
     // mlx-lm has no shard() for Phi-3 (fused q/k/v).
     let err = refused(&fixtures::model_dir("phi3-f32")?, "2")?;
     ensure!(err.contains("Phi3 models cannot be sharded"), "{err}");
-    // Latent attention: not yet (mlx-lm shards GLM-4.7-Flash).
-    let err = refused(&fixtures::model_dir("glm4-moe-lite-f32")?, "2")?;
-    ensure!(err.contains("is not supported yet"), "{err}");
     // mlx-lm has no shard() for Qwen3-Next either.
     let err = refused(&fixtures::model_dir("qwen3-next-f32")?, "2")?;
     ensure!(err.contains("Qwen3Next models cannot be sharded"), "{err}");

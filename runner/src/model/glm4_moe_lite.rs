@@ -5,6 +5,7 @@
 //! bias picks, the raw scores weigh, renormalised and scaled by
 //! `routed_scaling_factor`), beside shared experts.
 use std::path::Path;
+use std::sync::Arc;
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp, take_along_axis};
@@ -25,6 +26,7 @@ use super::layers::switch::{GluShape, SwitchGlu};
 use super::weights::Weights;
 use crate::cache::{CacheKind, LayerCache};
 use crate::error::Result;
+use crate::shard::Comm;
 
 /// `config.json` of a `Glm4MoeLiteForCausalLM`, with mlx-lm's defaults.
 #[derive(Debug, Clone, Deserialize)]
@@ -211,11 +213,23 @@ pub struct Glm4MoeLite {
     blocks: Vec<Block>,
     norm: RmsNorm,
     lm_head: Linear,
+    /// The group its heads and MLP widths are split over.
+    shard: Option<Arc<Comm>>,
 }
 
 impl Glm4MoeLite {
-    /// Builds the model from mlx-lm-named weights.
-    pub fn load(path: &Path, w: &mut Weights, quant: &Quantization, c: &Config) -> Result<Self> {
+    /// Builds the model from mlx-lm-named weights. With `shard`, this
+    /// rank's part of a model split over the group, as mlx-lm's `shard()`
+    /// does: 1/N of the heads (their query projection, `embed_q`,
+    /// `unembed_out` and columns of `o_proj`) and of every MLP's and
+    /// expert's width; the latent (and so the cache) and the router whole.
+    pub fn load(
+        path: &Path,
+        w: &mut Weights,
+        quant: &Quantization,
+        c: &Config,
+        shard: Option<&Arc<Comm>>,
+    ) -> Result<Self> {
         if c.topk_method != "noaux_tc" || c.scoring_func != "sigmoid" {
             return Err(config_error(
                 path,
@@ -255,6 +269,13 @@ impl Glm4MoeLite {
         };
         dims.validate(path)?;
         check_eps(path, c.rms_norm_eps)?;
+        // A rank's share (the counts were checked to divide, from config.json).
+        let ranks = shard.map_or(1, |s| s.size());
+        let dims = Dims {
+            heads: dims.heads / ranks,
+            intermediate: dims.intermediate / ranks,
+            ..dims
+        };
         for (name, v) in [
             ("kv_lora_rank", c.kv_lora_rank),
             ("qk_rope_head_dim", c.qk_rope_head_dim),
@@ -280,7 +301,7 @@ impl Glm4MoeLite {
         }
         let shape = MlaShape {
             hidden: c.hidden_size,
-            heads: c.num_attention_heads,
+            heads: c.num_attention_heads / ranks,
             q_lora_rank: c.q_lora_rank,
             kv_lora_rank: c.kv_lora_rank,
             rope_dim: c.qk_rope_head_dim,
@@ -323,7 +344,11 @@ impl Glm4MoeLite {
                             w,
                             quant,
                             &format!("{p}.mlp.shared_experts"),
-                            MlpShape::plain(hidden, c.moe_intermediate_size * s, Activation::Silu),
+                            MlpShape::plain(
+                                hidden,
+                                c.moe_intermediate_size * s / ranks,
+                                Activation::Silu,
+                            ),
                         )?),
                         _ => None,
                     };
@@ -341,7 +366,7 @@ impl Glm4MoeLite {
                             GluShape {
                                 experts,
                                 hidden,
-                                intermediate: c.moe_intermediate_size,
+                                intermediate: c.moe_intermediate_size / ranks,
                                 bias: false,
                                 activation: Activation::Silu,
                             },
@@ -356,7 +381,7 @@ impl Glm4MoeLite {
                     w,
                     quant,
                     &format!("{p}.mlp"),
-                    MlpShape::plain(hidden, c.intermediate_size, Activation::Silu),
+                    MlpShape::plain(hidden, c.intermediate_size / ranks, Activation::Silu),
                 )?),
             };
             blocks.push(Block {
@@ -374,7 +399,21 @@ impl Glm4MoeLite {
             blocks,
             norm,
             lm_head,
+            shard: shard.cloned(),
         })
+    }
+
+    /// A partial output summed over the group (as is, alone).
+    fn reduce(&self, r: Array) -> Result<Array, Exception> {
+        match &self.shard {
+            Some(comm) => comm.all_sum(&r),
+            None => Ok(r),
+        }
+    }
+
+    /// The group the model is split over, if any.
+    pub fn shard(&self) -> Option<&Arc<Comm>> {
+        self.shard.as_ref()
     }
 
     /// The model's sizes and layer kinds.
@@ -393,18 +432,19 @@ impl Glm4MoeLite {
         // 2. One mask for every layer.
         let masks = Masks::new(&self.dims.kinds, caches, tokens.dim(1))?;
         let mask = masks.of(CacheKind::Full);
-        // 3. Each block: h += attention(norm(h)); h += mlp(norm(h)).
+        // 3. Each block: h += attention(norm(h)); h += mlp(norm(h)); on a
+        //    rank of a group, each partial output summed over the group first.
         for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
             let r = block
                 .attention
                 .forward(&block.input_norm.forward(&h)?, cache, mask)?;
-            let h1 = h.add(&r)?;
+            let h1 = h.add(&self.reduce(r)?)?;
             let x = block.post_norm.forward(&h1)?;
             let r = match &block.mlp {
                 FeedForward::Dense(m) => m.forward(&x)?,
                 FeedForward::Sparse(m) => m.forward(&x)?,
             };
-            h = h1.add(&r)?;
+            h = h1.add(&self.reduce(r)?)?;
         }
         // 4. Final norm.
         self.norm.forward(&h)

@@ -283,7 +283,7 @@ fn load_parts_sharded(
         }
         Architecture::Glm4MoeLite => {
             let c: glm4_moe_lite::Config = config::typed(&path, &raw)?;
-            let m = glm4_moe_lite::Glm4MoeLite::load(&path, &mut weights, q, &c)?;
+            let m = glm4_moe_lite::Glm4MoeLite::load(&path, &mut weights, q, &c, shard)?;
             let dims = m.dims().clone();
             (
                 (Network::Glm4MoeLite(m), dims),

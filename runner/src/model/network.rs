@@ -45,6 +45,7 @@ impl Network {
         match self {
             Network::Decoder(m) => m.shard(),
             Network::GptOss(m) => m.shard(),
+            Network::Glm4MoeLite(m) => m.shard(),
             _ => None,
         }
     }

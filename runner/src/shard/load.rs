@@ -35,6 +35,9 @@ pub enum Split {
     /// Along the first axis, pieces as [`Split::RowPieces`] (Qwen3.5's
     /// depthwise convolution, one channel per q, k and v feature).
     ChannelPieces([u64; 2]),
+    /// Along the first axis (a latent attention's per-head matrices
+    /// `embed_q` and `unembed_out`, `[heads, out, in]`: this rank's heads).
+    Leading,
     /// By output rows, each half apart (HF's stacked `experts.gate_up_proj`:
     /// gate rows, then up rows).
     RowHalves,
@@ -53,7 +56,16 @@ pub struct Layout {
 /// under `model.layers.N.`; an expert's are under `mlp.experts.E.` in HF's
 /// layout or stacked under `mlp.switch_mlp.`).
 const COLUMN_PARALLEL: [&str; 2] = ["gate_proj", "up_proj"];
-const ATTENTION_COLUMN: [&str; 3] = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"];
+const ATTENTION_COLUMN: [&str; 4] = [
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    // Latent attention's query up-projection (GLM-4.7-Flash).
+    "self_attn.q_b_proj",
+];
+/// Latent attention's per-head matrices, split by heads (the latent
+/// projection `kv_a_proj_with_mqa` and its norm are whole).
+const LATENT_HEADS: [&str; 2] = ["self_attn.embed_q", "self_attn.unembed_out"];
 
 /// The projections of a delta-net split by (value) heads.
 const DELTA_ROWS: [&str; 3] = [
@@ -110,7 +122,9 @@ pub fn split_of(name: &str, layout: &Layout) -> Option<Split> {
     let column = ATTENTION_COLUMN.contains(&module)
         || mlp_part.is_some_and(|p| COLUMN_PARALLEL.contains(&p));
     let row = module == "self_attn.o_proj" || mlp_part == Some("down_proj");
-    if module == "self_attn" && leaf == "sinks" {
+    if LATENT_HEADS.contains(&module) {
+        Some(Split::Leading)
+    } else if module == "self_attn" && leaf == "sinks" {
         // gpt-oss's sink logit per head: this rank's heads.
         Some(Split::Rows)
     } else if column && stacked && leaf == "bias" {
@@ -184,7 +198,7 @@ pub fn read_slice(
     // splits its rows or its columns.
     let rows = if shape.len() >= 2 { shape.len() - 2 } else { 0 };
     let axis = match split {
-        Split::RankZero | Split::ChannelPieces(_) => 0,
+        Split::RankZero | Split::ChannelPieces(_) | Split::Leading => 0,
         Split::Rows | Split::RowPieces(_) | Split::RowHalves => rows,
         Split::Cols => shape.len().saturating_sub(1),
     };
@@ -379,6 +393,35 @@ mod tests {
         );
         assert_eq!(s("model.layers.0.mlp.router.bias"), None);
         assert_eq!(s("model.layers.0.self_attn.sinks"), Some(Split::Rows));
+        // GLM-4.7-Flash: latent attention by heads, its latent whole; the
+        // shared experts as a dense MLP; the router and its bias whole.
+        assert_eq!(
+            s("model.layers.0.self_attn.q_b_proj.weight"),
+            Some(Split::Rows)
+        );
+        assert_eq!(
+            s("model.layers.0.self_attn.embed_q.scales"),
+            Some(Split::Leading)
+        );
+        assert_eq!(
+            s("model.layers.0.self_attn.unembed_out.weight"),
+            Some(Split::Leading)
+        );
+        assert_eq!(s("model.layers.0.self_attn.q_a_proj.weight"), None);
+        assert_eq!(
+            s("model.layers.0.self_attn.kv_a_proj_with_mqa.weight"),
+            None
+        );
+        assert_eq!(s("model.layers.0.self_attn.kv_a_layernorm.weight"), None);
+        assert_eq!(
+            s("model.layers.1.mlp.shared_experts.up_proj.weight"),
+            Some(Split::Rows)
+        );
+        assert_eq!(
+            s("model.layers.1.mlp.shared_experts.down_proj.weight"),
+            Some(Split::Cols)
+        );
+        assert_eq!(s("model.layers.1.mlp.gate.e_score_correction_bias"), None);
     }
 
     #[test]

@@ -123,7 +123,8 @@ pub fn launch_or_join(shards: i32) -> Result<Option<Option<Arc<Comm>>>> {
 }
 
 /// The families a group can serve, as errors name them.
-const SHARDABLE: &str = "Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Qwen3.5 and gpt-oss";
+const SHARDABLE: &str =
+    "Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Qwen3.5, GLM-4.7-Flash and gpt-oss";
 
 /// Refuses the architectures Grove cannot shard, before any weight is read.
 pub fn check_architecture(architecture: Architecture) -> Result<()> {
@@ -134,19 +135,13 @@ pub fn check_architecture(architecture: Architecture) -> Result<()> {
         | Architecture::Qwen3
         | Architecture::Qwen3Moe
         | Architecture::Qwen3_5
+        | Architecture::Glm4MoeLite
         | Architecture::GptOss => Ok(()),
         Architecture::Qwen3Next => Err(RunnerError::Shard {
             phase: "planning the shards",
             message: "Qwen3Next models cannot be sharded (mlx-lm has no shard() for them \
                       either); {SHARDABLE} can"
                 .into(),
-        }),
-        Architecture::Glm4MoeLite => Err(RunnerError::Shard {
-            phase: "planning the shards",
-            message: format!(
-                "sharding {architecture:?} models (latent attention) is not supported yet; \
-                 {SHARDABLE} are"
-            ),
         }),
         _ => Err(RunnerError::Shard {
             phase: "planning the shards",
