@@ -279,6 +279,23 @@ fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The CPU time (user and system) process `pid` has used, in seconds
+/// (Linux; at the kernel's usual 100 ticks per second).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's closing parenthesis: state is the
+    // first, utime the 12th, stime the 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -424,6 +441,18 @@ async fn a_served_group_batches_caches_and_cancels() -> Result<()> {
                 memory.ranks
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // An idle group rests: its followers wait on the doorbell, not in a
+        // collective (MLX's ring polls its sockets while a receive waits).
+        let ranks = children(served.pid());
+        let before: Vec<f64> = ranks.iter().map(|&p| cpu_seconds(p)).collect();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for (&p, b) in ranks.iter().zip(&before) {
+            let used = cpu_seconds(p) - b;
+            ensure!(
+                used < 0.1,
+                "{model}: an idle rank used {used:.2} s of CPU in 1 s"
+            );
         }
         // A finished conversation is in the prompt cache.
         complete(&mut client, reqs[0].clone()).await?;

@@ -173,6 +173,8 @@ impl Worker {
                         settle();
                         let _ = mlx_rs::memory::clear_cache();
                         super::lockstep::share_memory(comm, super::lockstep::own_memory(l, &s))?;
+                        // The group is idle until rank 0 rings.
+                        comm.wait_bell()?;
                     }
                     Ok(t)
                 });
@@ -208,6 +210,12 @@ impl Worker {
                 match rx.blocking_recv() {
                     Some(r) => s.waiting.push_back(r),
                     None => open = false,
+                }
+                // The followers wait on the group's doorbell while it is idle.
+                if let Some(Err(e)) = lockstep.as_deref().map(crate::shard::Comm::ring_bell) {
+                    eprintln!("grove-runner: {e}");
+                    self.stopping.store(true, Ordering::SeqCst);
+                    break;
                 }
             }
             // Every request holds one of `parallel + queue` slots until its

@@ -74,6 +74,10 @@ pub struct Comm {
     backend: Backend,
     rank: i32,
     size: i32,
+    /// How an idle rank 0 wakes the others ([`super::bell`]); `None`: a
+    /// group not started by Grove's launcher (its followers wait in the
+    /// collective).
+    bell: Option<super::bell::Bell>,
 }
 
 // SAFETY: the group handle is an immutable reference-counted object that MLX
@@ -116,8 +120,29 @@ impl Comm {
                 backend,
                 rank,
                 size,
+                bell: None,
             })
         }
+    }
+
+    /// Gives the group its doorbell.
+    pub fn with_bell(mut self, bell: Option<super::bell::Bell>) -> Self {
+        // (Not `Self { bell, ..self }`: that copies the group's handle out
+        // of a value whose drop then frees it.)
+        self.bell = bell;
+        self
+    }
+
+    /// Rank 0, idle no more: wakes the followers waiting in
+    /// [`Comm::wait_bell`].
+    pub fn ring_bell(&self) -> Result<()> {
+        self.bell.as_ref().map_or(Ok(()), super::bell::Bell::ring)
+    }
+
+    /// A follower, the group idle: waits for rank 0's [`Comm::ring_bell`]
+    /// (at once without a doorbell: the next collective waits instead).
+    pub fn wait_bell(&self) -> Result<()> {
+        self.bell.as_ref().map_or(Ok(()), super::bell::Bell::wait)
     }
 
     pub fn rank(&self) -> i32 {

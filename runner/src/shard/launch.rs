@@ -156,15 +156,29 @@ fn die_with_parent(cmd: &mut Command) {
 /// that fails ends the others, and its failure is the result.
 pub fn run_local(size: i32, backend: Backend, args: &[OsString]) -> Result<()> {
     let plan = Plan::local(size, backend)?;
+    let pipes = super::bell::Pipes::new(size)?;
     let exe = std::env::current_exe().map_err(|e| launch_err(e.to_string()))?;
     let mut children: Vec<(i32, Child)> = Vec::new();
     for rank in 0..size {
         let mut cmd = Command::new(&exe);
-        cmd.args(args).envs(plan.env(rank));
+        cmd.args(args)
+            .envs(plan.env(rank))
+            .env(super::bell::VAR, pipes.var(rank));
         if rank != 0 {
             cmd.stdout(Stdio::null());
         }
         die_with_parent(&mut cmd);
+        let others = pipes.keep_only(rank);
+        // SAFETY: close() is async-signal-safe; between fork and exec it
+        // drops the other ranks' ends of the doorbell's pipes.
+        unsafe {
+            cmd.pre_exec(move || {
+                for &fd in &others {
+                    libc::close(fd);
+                }
+                Ok(())
+            });
+        }
         match cmd.spawn() {
             Ok(child) => children.push((rank, child)),
             Err(e) => {
@@ -173,6 +187,9 @@ pub fn run_local(size: i32, backend: Backend, args: &[OsString]) -> Result<()> {
             }
         }
     }
+    // The ranks hold their ends; the launcher's copies would keep a
+    // follower's pipe open after rank 0 is gone.
+    drop(pipes);
     let result = supervise(&mut children);
     end_all(&mut children);
     drop(plan);

@@ -5,6 +5,8 @@
 //! - [`load`]: each rank's slice of the weights, read by offset.
 //! - [`launch`]: the addresses and variables of a group on one host, and
 //!   the launcher that starts its processes and ends them together.
+//! - [`bell`]: the pipes an idle group's followers wait on, rather than on
+//!   a collective that would spin.
 //!
 //! Every rank holds the whole embedding, norms and head, `1/N` of every
 //! attention and MLP projection, and the keys and values of `1/N` of the KV
@@ -12,6 +14,7 @@
 //! over the group (two `all_sum` per layer), so every rank holds the same
 //! hidden states and logits. The sampled tokens are rank 0's, sent to the
 //! others through the group, so all ranks feed the same tokens.
+pub mod bell;
 pub mod comm;
 pub mod launch;
 pub mod load;
@@ -64,7 +67,7 @@ pub fn join_from_env() -> Result<Option<Arc<Comm>>> {
     let Some((rank, size, backend)) = member_from_env()? else {
         return Ok(None);
     };
-    let comm = Comm::join(backend)?;
+    let comm = Comm::join(backend)?.with_bell(bell::Bell::from_env()?);
     if comm.rank() != rank || comm.size() != size {
         return Err(RunnerError::Shard {
             phase: "joining the group",
