@@ -50,6 +50,13 @@ impl Worker {
             if s.active() >= l.parallel {
                 return;
             }
+            // In a group, a request rank 0 has not yet sent the others (not
+            // numbered in a tick) waits for its tick: a suffix of the line.
+            if self.lockstep.is_some()
+                && !matches!(request, Request::Generate { id, .. } | Request::Prewarm { id, .. } if *id != 0)
+            {
+                return;
+            }
             let kv = kv_of(l, request);
             if let Some(active) = active_kv(s)
                 && active != kv

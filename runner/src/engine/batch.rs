@@ -37,6 +37,11 @@ pub struct Batch {
     /// The tokens to feed next, `[B]` uint32: each row's last sampled token,
     /// not yet fed and not yet read back.
     next: Option<Array>,
+    /// In a group, rank 0's "news follows" flag sent with `next` (`[1]`);
+    /// `None` alone, or when `next` came from a prefill.
+    next_news: Option<Array>,
+    /// The flag read back by the last step (`None`: that step read none).
+    news_read: Option<bool>,
     /// The KV setting every row shares (taken from the first to join).
     kv: Option<KvSetting>,
 }
@@ -48,8 +53,18 @@ impl Batch {
             layers: kinds.iter().map(|&k| BatchKvCache::new(k)).collect(),
             rows: Vec::new(),
             next: None,
+            next_news: None,
+            news_read: None,
             kv: None,
         }
+    }
+
+    /// What the step since the last call read of rank 0's "news follows"
+    /// flag (in a group; `None` when none was read, or no step ran): the
+    /// engine's next turn starts with rank 0's tick only when it is set
+    /// (`engine::lockstep`).
+    pub fn take_news_read(&mut self) -> Option<bool> {
+        self.news_read.take()
     }
 
     /// The KV setting of the rows, while there are any.
@@ -177,11 +192,14 @@ impl Batch {
 
     /// One decode step: feeds every row's pending token, dispatches the next,
     /// reads the pending tokens back and hands them to their sequences.
-    /// Returns the sequences that left.
-    pub fn step(&mut self, model: &Model) -> Result<Vec<Left>> {
+    /// Returns the sequences that left. In a group, `news` (rank 0's: it
+    /// has a tick to send) goes with the sampled tokens.
+    pub fn step(&mut self, model: &Model, news: bool) -> Result<Vec<Left>> {
+        self.news_read = None;
         let Some(y) = self.next.take() else {
             return Ok(Vec::new());
         };
+        let y_news = self.next_news.take();
         let b = self.rows.len() as i32;
         for layer in &mut self.layers {
             layer.slide().phase("decode")?;
@@ -247,8 +265,8 @@ impl Batch {
             }
             concatenate(&picked, 0).phase("decode")?
         };
-        let next = model.agree(next).phase("decode")?;
-        async_eval([&next]).phase("decode")?;
+        let (next, next_news) = model.agree_flagged(next, news).phase("decode")?;
+        async_eval(std::iter::once(&next).chain(&next_news)).phase("decode")?;
         // 3. Read the pending tokens back (the next step is already running).
         let tokens: Vec<u32> = match read_back {
             Some(tokens) => tokens,
@@ -257,6 +275,10 @@ impl Batch {
                 y.as_slice::<u32>().to_vec()
             }
         };
+        if let Some(flag) = y_news {
+            eval([&flag]).phase("decode")?;
+            self.news_read = Some(flag.as_slice::<u32>().first().is_some_and(|&f| f != 0));
+        }
         let mut outcomes = Vec::with_capacity(self.rows.len());
         for (row, &token) in self.rows.iter_mut().zip(&tokens) {
             let mut outcome = row.on_fed(token);
@@ -268,6 +290,7 @@ impl Batch {
         // 4. Rows that ended leave, from the caches and from the step in flight.
         if outcomes.iter().all(|o| *o == Progress::Continue) {
             self.next = Some(next);
+            self.next_news = next_news;
             return Ok(Vec::new());
         }
         let mut left = Vec::new();
@@ -321,6 +344,7 @@ impl Batch {
         self.next = if keep.is_empty() {
             None
         } else {
+            self.next_news = next_news;
             Some(next.take_axis(&keep_rows, 0).phase("leaving the batch")?)
         };
         let mut rows: Vec<Option<Sequence>> = std::mem::take(&mut self.rows)
@@ -347,6 +371,7 @@ impl Batch {
             *layer = BatchKvCache::new(layer.kind());
         }
         self.next = None;
+        self.next_news = None;
         std::mem::take(&mut self.rows)
     }
 }

@@ -9,6 +9,13 @@
 //! that arrived (numbered) and the numbers of those whose clients left, and
 //! every rank applies the same tick. A rank's own view of a client is never
 //! asked (a sequence's "gone" is latched, see [`super::sequence`]).
+//!
+//! A tick is a blocking collective: it waits for whatever the group has in
+//! flight. So while the batch decodes (each step dispatched before the last
+//! one is read back), rank 0 sends a "news follows" flag with every step's
+//! tokens ([`Lead::has_news`]), and the turn after a step that read it back
+//! starts with a tick only when it was set. Requests rank 0 has not yet
+//! numbered in a tick wait (admission skips them).
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -116,15 +123,7 @@ impl Lead {
                 .filter(|r| r.abandoned())
                 .filter_map(request_id),
         );
-        tick.gone.extend(
-            s.prefilling
-                .iter()
-                .map(|p| &p.sequence)
-                .chain(s.group.iter().flat_map(|g| g.rows()))
-                .chain(s.batch.rows())
-                .filter(|q| !q.gone() && q.live_gone())
-                .map(|q| q.id),
-        );
+        tick.gone.extend(clients_left(s));
         let bytes = if tick.is_empty() {
             Vec::new()
         } else {
@@ -137,6 +136,17 @@ impl Lead {
 }
 
 impl Lead {
+    /// Whether rank 0 has something to tell the others: requests that
+    /// arrived (`arrived`: still in the channel), clients that left, or the
+    /// engine's `stop`.
+    pub fn has_news(&self, s: &State, arrived: bool, stop: bool) -> bool {
+        stop || arrived
+            || s.waiting
+                .iter()
+                .any(|r| request_id(r).is_none_or(|id| id == 0) || r.abandoned())
+            || clients_left(s).next().is_some()
+    }
+
     /// Asks every rank for its memory (the group is idle); the caller then
     /// takes part in [`share_memory`] as the others do.
     pub fn report(&mut self, comm: &Comm) -> Result<()> {
@@ -147,6 +157,17 @@ impl Lead {
         comm.broadcast_bytes(&serde_json::to_vec(&tick).map_err(wire_err)?)?;
         Ok(())
     }
+}
+
+/// The sequences whose clients rank 0 has seen leave since its last tick.
+fn clients_left(s: &State) -> impl Iterator<Item = u64> + '_ {
+    s.prefilling
+        .iter()
+        .map(|p| &p.sequence)
+        .chain(s.group.iter().flat_map(|g| g.rows()))
+        .chain(s.batch.rows())
+        .filter(|q| !q.gone() && q.live_gone())
+        .map(|q| q.id)
 }
 
 /// Every rank's `own` figures, in rank order (each fills its slot of a

@@ -165,9 +165,14 @@ impl Worker {
         let mut lead = super::lockstep::Lead::default();
         let mut follow = super::lockstep::Follow::default();
         let follower = lockstep.as_ref().is_some_and(|c| c.rank() != 0);
+        // Whether this turn starts with rank 0's tick: every turn, but
+        // while the batch decodes only when the step just read back said
+        // so (rank 0 sends its "news follows" with the tokens). A tick is a
+        // blocking collective that would wait for the step in flight.
+        let mut tick_due = true;
         loop {
             // 0. A follower's turn starts with rank 0's news.
-            if let (true, Some(comm)) = (follower, lockstep.as_deref()) {
+            if let (true, true, Some(comm)) = (follower, tick_due, lockstep.as_deref()) {
                 let turn = follow.turn(comm, &mut s).and_then(|t| {
                     if t.report {
                         settle();
@@ -188,7 +193,7 @@ impl Worker {
                 }
             }
             // 1. What arrived; block only when there is nothing to do.
-            if s.idle() && open && !follower {
+            if s.idle() && open && !follower && tick_due {
                 settle();
                 let _ = mlx_rs::memory::clear_cache();
                 // A group that goes idle: every rank says what it holds.
@@ -228,7 +233,7 @@ impl Worker {
             match lockstep.as_deref() {
                 // Rank 0: the others hear of arrivals, departures and the
                 // stop before anyone acts on them.
-                Some(comm) if !follower => match lead.turn(comm, &mut s, stop) {
+                Some(comm) if !follower && tick_due => match lead.turn(comm, &mut s, stop) {
                     Ok(false) => {}
                     Ok(true) => break,
                     Err(e) => {
@@ -249,7 +254,17 @@ impl Worker {
             // 2. Admit, prefill one chunk, decode one step.
             self.admit(l, &mut s);
             self.prefill(l, &mut s, inspect.as_ref());
-            self.decode(l, &mut s, inspect.as_ref());
+            // Rank 0 tells the others, with the step's tokens, whether it
+            // has a tick to send at the turn after next.
+            let news = lockstep.is_some()
+                && !follower
+                && lead.has_news(
+                    &s,
+                    !rx.is_empty(),
+                    self.stopping.load(Ordering::SeqCst) || (!open && s.idle()),
+                );
+            self.decode(l, &mut s, news, inspect.as_ref());
+            tick_due = s.batch.take_news_read().unwrap_or(true);
             // 3. Publish, then deliver what ended (a client that asks for
             //    status on Done sees the state after its request).
             let now = counts(&s, &rx);
@@ -557,11 +572,11 @@ impl Worker {
     }
 
     /// One decode step of the batch; sequences that end leave it.
-    fn decode(&self, l: &mut Loaded, s: &mut State, inspect: Option<&Inspector>) {
+    fn decode(&self, l: &mut Loaded, s: &mut State, news: bool, inspect: Option<&Inspector>) {
         if s.batch.is_empty() {
             return;
         }
-        let left = match s.batch.step(&l.model) {
+        let left = match s.batch.step(&l.model, news) {
             Ok(left) => left,
             Err(e) => {
                 let message = e.to_string();

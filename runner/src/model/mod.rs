@@ -436,6 +436,23 @@ impl Model {
         }
     }
 
+    /// [`Model::agree`], with rank 0's `news` flag sent in the same
+    /// collective (`engine::lockstep`): the tokens, and the flag as every
+    /// rank sees it (`None` alone).
+    pub fn agree_flagged(
+        &self,
+        tokens: Array,
+        news: bool,
+    ) -> std::result::Result<(Array, Option<Array>), mlx_rs::error::Exception> {
+        match self.decoder.shard() {
+            Some(comm) => {
+                let (tokens, flag) = comm.from_rank0_flagged(&tokens, news)?;
+                Ok((tokens, Some(flag)))
+            }
+            None => Ok((tokens, None)),
+        }
+    }
+
     /// A token-id prompt as the `[1, L]` int32 array the decoder takes.
     pub fn tokens_array(ids: &[u32]) -> Array {
         let ids: Vec<i32> = ids.iter().map(|&t| t as i32).collect();

@@ -7,6 +7,7 @@
 use std::ffi::CStr;
 
 use mlx_rs::error::Exception;
+use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::{Array, Dtype, Stream};
 
 use crate::error::{Result, RunnerError};
@@ -187,6 +188,23 @@ impl Comm {
             let zero = Array::from_int(0).as_dtype(x.dtype())?;
             self.all_sum(&x.multiply(&zero)?)
         }
+    }
+
+    /// [`Comm::from_rank0`] of `tokens` (`[B]`) and, in the same
+    /// collective, one more value: rank 0's `flag` (the engine's "news
+    /// follows", see `engine::lockstep`). Returns the tokens and the flag
+    /// (`[1]`) as every rank sees them.
+    pub fn from_rank0_flagged(
+        &self,
+        tokens: &Array,
+        flag: bool,
+    ) -> std::result::Result<(Array, Array), Exception> {
+        let flag = Array::from_slice(&[u32::from(flag && self.rank == 0)], &[1])
+            .as_dtype(tokens.dtype())?;
+        let both = mlx_rs::ops::concatenate(&[tokens.clone(), flag], 0)?;
+        let sum = self.from_rank0(&both)?;
+        let n = tokens.dim(0);
+        Ok((sum.try_index(..n)?, sum.try_index(n..)?))
     }
 
     /// Rank 0's bytes on every rank (`bytes` is ignored elsewhere): its
