@@ -252,8 +252,14 @@ fn what_cannot_be_split_is_refused_with_the_numbers() -> Result<()> {
         err.contains("o_proj") && err.contains("has 1 entries, which 2 ranks cannot share evenly"),
         "{err}"
     );
-    // Qwen3.5 over more ranks than KV heads (mlx-lm would repeat them).
+    // Qwen3.5 may outnumber its KV heads, not its delta-nets' key heads.
     let err = refused(&fixtures::model_dir("qwen3.5-f32")?, "4")?;
+    ensure!(
+        err.contains("linear_num_key_heads is 2, which 4 ranks cannot share evenly"),
+        "{err}"
+    );
+    // Other families may not outnumber them (nor may 3 ranks share 2).
+    let err = refused(&fixtures::model_dir("qwen3-f32")?, "4")?;
     ensure!(
         err.contains("num_key_value_heads is 2, which 4 ranks cannot share evenly"),
         "{err}"
@@ -619,57 +625,7 @@ async fn the_daemon_runs_a_group_and_recovers_from_a_killed_rank() -> Result<()>
 fn bf16_on_two_ranks_matches_mlx_lm_on_two_ranks() -> Result<()> {
     let dir = fixtures::model_dir("qwen3-bf16")?;
     let ids: Vec<u32> = (0..64u32).map(|i| 5 + (i * 397 + 11) % 990).collect();
-    let ids_text = ids_arg(&ids);
-    // mlx-lm: two ranks on loopback, as mlx.launch would start them.
-    let ports: Vec<u16> = {
-        let l: Vec<std::net::TcpListener> = (0..2)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-            .collect::<std::io::Result<_>>()?;
-        l.iter()
-            .map(|l| l.local_addr().map(|a| a.port()))
-            .collect::<std::io::Result<_>>()?
-    };
-    let hostfile = tempfile::NamedTempFile::new()?;
-    std::fs::write(
-        hostfile.path(),
-        format!(
-            "[[\"127.0.0.1:{}\"], [\"127.0.0.1:{}\"]]",
-            ports[0], ports[1]
-        ),
-    )?;
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/mlx_lm_sharded.py");
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let ranks: Vec<_> = (0..2)
-        .map(|r| {
-            Command::new(&python)
-                .arg(&script)
-                .arg(&dir)
-                .arg(&ids_text)
-                .arg("32")
-                .env("MLX_RANK", r.to_string())
-                .env("MLX_HOSTFILE", hostfile.path())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-        })
-        .collect::<std::io::Result<_>>()?;
-    let mut outs = Vec::new();
-    for rank in ranks {
-        let out = rank.wait_with_output()?;
-        ensure!(
-            out.status.success(),
-            "mlx-lm's rank failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        outs.push(out.stdout);
-    }
-    #[derive(serde::Deserialize)]
-    struct Sharded {
-        tokens: Vec<u32>,
-        logits: Vec<f32>,
-    }
-    let mlx: Sharded = serde_json::from_slice(&outs[0])?;
+    let mlx = mlx_lm_sharded(&dir, &ids, 32, 2)?;
     let (tokens, logits) =
         generate_ids(&dir, &ids, 32, &["--shards", "2", "--cpu-dtypes", "stored"])?;
     ensure!(!tokens.is_empty() && tokens.len() <= mlx.tokens.len());
@@ -690,4 +646,114 @@ fn bf16_on_two_ranks_matches_mlx_lm_on_two_ranks() -> Result<()> {
         "no drift in bfloat16?"
     );
     Ok(())
+}
+
+/// Qwen3.5 over more ranks than KV heads (4 ranks, 2 KV heads): each rank
+/// holds one KV head, the ranks of a head next to each other, as mlx-lm
+/// repeats the k and v projections before it splits them. A model made on
+/// the spot (the fixture's delta-nets have 2 key heads; this one 4).
+#[test]
+fn qwen3_5_over_more_ranks_than_kv_heads_matches_mlx_lm() -> Result<()> {
+    let src = fixtures::model_dir("qwen3.5-f32")?;
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("qwen3.5-wide");
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = concat!(
+        "import json, shutil, sys\n",
+        "from pathlib import Path\n",
+        "import mlx.core as mx\n",
+        "from mlx.utils import tree_flatten\n",
+        "from mlx_lm.models import qwen3_5\n",
+        "src, dst = Path(sys.argv[1]), Path(sys.argv[2])\n",
+        "dst.mkdir(parents=True)\n",
+        "cfg = json.loads((src / 'config.json').read_text())\n",
+        "cfg['text_config'].update(linear_num_key_heads=4, linear_num_value_heads=8,\n",
+        "                          full_attention_interval=2)\n",
+        "mx.random.seed(7)\n",
+        "model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict(cfg))\n",
+        "weights = dict(tree_flatten(model.parameters()))\n",
+        "mx.save_safetensors(str(dst / 'model.safetensors'), weights, metadata={'format': 'mlx'})\n",
+        "(dst / 'config.json').write_text(json.dumps(cfg))\n",
+        "for f in list(src.glob('tok*')) + [src / 'special_tokens_map.json']:\n",
+        "    shutil.copy(f, dst / f.name)\n",
+    );
+    let out = Command::new(&python)
+        .args(["-c", script])
+        .arg(&src)
+        .arg(&dir)
+        .output()
+        .with_context(|| format!("starting {python}"))?;
+    ensure!(
+        out.status.success(),
+        "making the model failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ids: Vec<u32> = (0..30u32).map(|i| 5 + (i * 397 + 11) % 990).collect();
+    let mlx = mlx_lm_sharded(&dir, &ids, 12, 4)?;
+    let (tokens, logits) = generate_ids(&dir, &ids, 12, &["--shards", "4"])?;
+    ensure!(!tokens.is_empty() && mlx.tokens.starts_with(&tokens));
+    let w = worst(&logits, &mlx.logits);
+    ensure!(
+        w <= LOGIT_TOLERANCE,
+        "logits differ from mlx-lm's 4 ranks by {w:e}"
+    );
+    let (alone, _) = generate_ids(&dir, &ids, 12, &[])?;
+    ensure!(alone == tokens, "4 ranks {tokens:?}, one runner {alone:?}");
+    Ok(())
+}
+
+/// What one of mlx-lm's sharded generations gave.
+#[derive(serde::Deserialize)]
+struct Sharded {
+    tokens: Vec<u32>,
+    logits: Vec<f32>,
+}
+
+/// mlx-lm's `sharded_load` over `ranks` ranks of its ring on loopback (as
+/// mlx.launch would start them): `n` greedy tokens of `ids` and the last
+/// prompt position's logits.
+fn mlx_lm_sharded(dir: &std::path::Path, ids: &[u32], n: usize, ranks: usize) -> Result<Sharded> {
+    let ids_text = ids_arg(ids);
+    let ports: Vec<u16> = {
+        let l: Vec<std::net::TcpListener> = (0..ranks)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .collect::<std::io::Result<_>>()?;
+        l.iter()
+            .map(|l| l.local_addr().map(|a| a.port()))
+            .collect::<std::io::Result<_>>()?
+    };
+    let hostfile = tempfile::NamedTempFile::new()?;
+    let hosts: Vec<String> = ports
+        .iter()
+        .map(|p| format!("[\"127.0.0.1:{p}\"]"))
+        .collect();
+    std::fs::write(hostfile.path(), format!("[{}]", hosts.join(", ")))?;
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/mlx_lm_sharded.py");
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let ranks: Vec<_> = (0..ranks)
+        .map(|r| {
+            Command::new(&python)
+                .arg(&script)
+                .arg(dir)
+                .arg(&ids_text)
+                .arg(n.to_string())
+                .env("MLX_RANK", r.to_string())
+                .env("MLX_HOSTFILE", hostfile.path())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+        })
+        .collect::<std::io::Result<_>>()?;
+    let mut outs = Vec::new();
+    for rank in ranks {
+        let out = rank.wait_with_output()?;
+        ensure!(
+            out.status.success(),
+            "mlx-lm's rank failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        outs.push(out.stdout);
+    }
+    Ok(serde_json::from_slice(&outs[0])?)
 }

@@ -168,7 +168,7 @@ pub fn load_dir_sharded(dir: &Path, policy: CpuDtypes, shard: Option<&Arc<Comm>>
     let tensors = match shard {
         Some(comm) => {
             crate::shard::check_architecture(architecture)?;
-            crate::shard::check_config(&raw, comm.size())?;
+            crate::shard::check_config(architecture, &raw, comm.size())?;
             let layout = crate::shard::layout(architecture, &path, &raw)?;
             Weights::load_rank(dir, &layout, comm.rank(), comm.size())?.into_map()
         }
@@ -216,7 +216,7 @@ fn load_parts_sharded(
             return Ok((Network::Decoder(Decoder::load(&path, w, q, &spec)?), dims));
         };
         crate::shard::check_architecture(architecture)?;
-        crate::shard::split_spec(&mut spec, comm.size())?;
+        crate::shard::split_spec(&mut spec, comm.size(), architecture)?;
         let dims = spec.dims();
         let mut decoder = Decoder::load(&path, w, q, &spec)?;
         decoder.set_shard(comm.clone());

@@ -38,6 +38,10 @@ pub enum Split {
     /// Along the first axis (a latent attention's per-head matrices
     /// `embed_q` and `unembed_out`, `[heads, out, in]`: this rank's heads).
     Leading,
+    /// A key or value projection of this many KV heads, by output rows;
+    /// with more ranks than heads each rank takes its heads' rows whole
+    /// (mlx-lm's `repeat_kv_layer_inplace` of Qwen3.5, then the split).
+    KvRows(u64),
     /// By output rows, each half apart (HF's stacked `experts.gate_up_proj`:
     /// gate rows, then up rows).
     RowHalves,
@@ -50,6 +54,10 @@ pub struct Layout {
     /// where q ends and k ends in its delta-nets' fused projection and
     /// convolution. `None`: a model without delta-nets.
     pub delta_key_width: Option<u64>,
+    /// The KV heads, where a group may outnumber them (Qwen3.5, as mlx-lm
+    /// repeats its k and v projections); `None`: a rank count the KV heads
+    /// are not a multiple of is refused.
+    pub repeat_kv_heads: Option<u64>,
 }
 
 /// The projections split by rows, and those split by columns (as modules
@@ -122,7 +130,9 @@ pub fn split_of(name: &str, layout: &Layout) -> Option<Split> {
     let column = ATTENTION_COLUMN.contains(&module)
         || mlp_part.is_some_and(|p| COLUMN_PARALLEL.contains(&p));
     let row = module == "self_attn.o_proj" || mlp_part == Some("down_proj");
-    if LATENT_HEADS.contains(&module) {
+    if let (Some(kv), "self_attn.k_proj" | "self_attn.v_proj") = (layout.repeat_kv_heads, module) {
+        Some(Split::KvRows(kv))
+    } else if LATENT_HEADS.contains(&module) {
         Some(Split::Leading)
     } else if module == "self_attn" && leaf == "sinks" {
         // gpt-oss's sink logit per head: this rank's heads.
@@ -199,7 +209,7 @@ pub fn read_slice(
     let rows = if shape.len() >= 2 { shape.len() - 2 } else { 0 };
     let axis = match split {
         Split::RankZero | Split::ChannelPieces(_) | Split::Leading => 0,
-        Split::Rows | Split::RowPieces(_) | Split::RowHalves => rows,
+        Split::Rows | Split::RowPieces(_) | Split::RowHalves | Split::KvRows(_) => rows,
         Split::Cols => shape.len().saturating_sub(1),
     };
     if shape.is_empty() || (split == Split::Cols && shape.len() < 2) {
@@ -216,6 +226,20 @@ pub fn read_slice(
         Split::RowHalves => vec![0, len / 2, len],
         _ => vec![0, len],
     };
+    // More ranks than KV heads: each rank reads its head's rows whole (the
+    // ranks of one head next to each other), as mlx-lm's repeat then split.
+    let repeated = match split {
+        Split::KvRows(kv) if size > kv => {
+            if kv == 0 || !size.is_multiple_of(kv) || !len.is_multiple_of(kv) {
+                return Err(bad(format!(
+                    "{size} ranks cannot share {kv} KV heads ({len} rows)"
+                )));
+            }
+            let block = len / kv;
+            Some((rank / (size / kv) * block, block))
+        }
+        _ => None,
+    };
     if bounds.windows(2).any(|w| w[1] < w[0])
         || (split == Split::RowHalves && !len.is_multiple_of(2))
     {
@@ -224,6 +248,7 @@ pub fn read_slice(
         )));
     }
     if split != Split::RankZero
+        && repeated.is_none()
         && let Some(w) = bounds
             .windows(2)
             .find(|w| !(w[1] - w[0]).is_multiple_of(size))
@@ -263,13 +288,16 @@ pub fn read_slice(
         // each piece of the middle axis is contiguous per outer index.
         let outer: u64 = shape[..axis].iter().product();
         let inner: u64 = shape[axis + 1..].iter().product::<u64>() * el;
-        let blocks: Vec<(u64, u64)> = bounds
-            .windows(2)
-            .map(|w| {
-                let part = (w[1] - w[0]) / size;
-                (w[0] + rank * part, part)
-            })
-            .collect();
+        let blocks: Vec<(u64, u64)> = match repeated {
+            Some(block) => vec![block],
+            None => bounds
+                .windows(2)
+                .map(|w| {
+                    let part = (w[1] - w[0]) / size;
+                    (w[0] + rank * part, part)
+                })
+                .collect(),
+        };
         let kept: u64 = blocks.iter().map(|(_, part)| part).sum();
         out_shape[axis] = kept;
         let row = (kept * inner) as usize;
@@ -428,6 +456,7 @@ mod tests {
     fn qwen3_5_splits_follow_its_shard() {
         let layout = Layout {
             delta_key_width: Some(32),
+            repeat_kv_heads: Some(2),
         };
         let s = |n: &str| split_of(n, &layout);
         for prefix in [
@@ -454,6 +483,8 @@ mod tests {
             assert_eq!(t("linear_attn.out_proj.weight"), Some(Split::Cols));
             assert_eq!(t("linear_attn.norm.weight"), None);
             assert_eq!(t("self_attn.q_proj.weight"), Some(Split::Rows));
+            assert_eq!(t("self_attn.k_proj.weight"), Some(Split::KvRows(2)));
+            assert_eq!(t("self_attn.v_proj.scales"), Some(Split::KvRows(2)));
             assert_eq!(t("mlp.shared_expert.gate_proj.weight"), Some(Split::Rows));
             assert_eq!(t("mlp.shared_expert.down_proj.weight"), Some(Split::Cols));
             assert_eq!(t("mlp.shared_expert_gate.weight"), None);
@@ -524,6 +555,22 @@ mod tests {
         assert_eq!(values(&conv), (vec![3, 2, 1], vec![0., 1., 4., 5., 8., 9.]));
         let gu = read("gu", Split::RowHalves, 1);
         assert_eq!(values(&gu), (vec![2, 2, 1], vec![1., 3., 5., 7.]));
+        // 2 KV heads of 3 rows (as "qkv" is laid out) over 4 ranks: ranks
+        // 0 and 1 read head 0, ranks 2 and 3 head 1; over 2, one each.
+        let kv = |rank, size| {
+            read_slice(&path, "qkv", &h["qkv"], Split::KvRows(2), rank, size).expect("a slice")
+        };
+        let head0 = (vec![3, 2], vec![0., 1., 2., 3., 4., 5.]);
+        let head1 = (vec![3, 2], vec![6., 7., 8., 9., 10., 11.]);
+        assert_eq!(values(&kv(1, 4)), head0);
+        assert_eq!(values(&kv(2, 4)), head1);
+        assert_eq!(values(&kv(1, 2)), head1);
+        let err = read_slice(&path, "qkv", &h["qkv"], Split::KvRows(2), 0, 3)
+            .expect_err("3 ranks, 2 heads");
+        assert!(
+            err.to_string().contains("3 ranks cannot share 2 KV heads"),
+            "{err}"
+        );
         // A piece the group cannot share is named.
         let err = read_slice(&path, "qkv", &h["qkv"], Split::RowPieces([1, 4]), 0, 2)
             .expect_err("pieces of 1, 3 and 2 rows");

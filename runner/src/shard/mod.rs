@@ -156,18 +156,46 @@ pub fn check_architecture(architecture: Architecture) -> Result<()> {
     }
 }
 
+/// Whether a group of `architecture` may outnumber its KV heads: each rank
+/// then holds one, the ranks of a head next to each other (mlx-lm repeats
+/// Qwen3.5's k and v projections so; its other models' `shard()` refuse).
+fn repeats_kv(architecture: Architecture) -> bool {
+    architecture == Architecture::Qwen3_5
+}
+
+/// `size` ranks share `kv` KV heads: 1/N each, or with more ranks than
+/// heads (where the family allows it, [`repeats_kv`]) one each.
+fn kv_share(kv: i64, size: i64, repeat: bool) -> Option<i64> {
+    if kv > 0 && kv % size == 0 {
+        Some(kv / size)
+    } else if repeat && kv > 0 && size > kv && size % kv == 0 {
+        Some(1)
+    } else {
+        None
+    }
+}
+
 /// Checks, from config.json alone (before any weight is read), that `size`
 /// ranks can share the heads, the KV heads and the MLP's width.
-pub fn check_config(raw: &serde_json::Value, size: i32) -> Result<()> {
+pub fn check_config(architecture: Architecture, raw: &serde_json::Value, size: i32) -> Result<()> {
     let text = raw.get("text_config").unwrap_or(raw);
     let count = |name: &str| text.get(name).and_then(serde_json::Value::as_i64);
     let heads = count("num_attention_heads");
+    let uneven = |name: &str, value: i64| RunnerError::Shard {
+        phase: "planning the shards",
+        message: format!("{name} is {value}, which {size} ranks cannot share evenly"),
+    };
+    if let Some(h) = heads
+        && h % i64::from(size) != 0
+    {
+        return Err(uneven("num_attention_heads", h));
+    }
+    if let Some(kv) = count("num_key_value_heads").or(heads)
+        && kv_share(kv, size.into(), repeats_kv(architecture)).is_none()
+    {
+        return Err(uneven("num_key_value_heads", kv));
+    }
     let counts = [
-        ("num_attention_heads", heads),
-        (
-            "num_key_value_heads",
-            count("num_key_value_heads").or(heads),
-        ),
         ("intermediate_size", count("intermediate_size")),
         ("moe_intermediate_size", count("moe_intermediate_size")),
         (
@@ -179,12 +207,9 @@ pub fn check_config(raw: &serde_json::Value, size: i32) -> Result<()> {
     ];
     for (name, value) in counts {
         if let Some(value) = value
-            && value % size as i64 != 0
+            && value % i64::from(size) != 0
         {
-            return Err(RunnerError::Shard {
-                phase: "planning the shards",
-                message: format!("{name} is {value}, which {size} ranks cannot share evenly"),
-            });
+            return Err(uneven(name, value));
         }
     }
     Ok(())
@@ -193,11 +218,20 @@ pub fn check_config(raw: &serde_json::Value, size: i32) -> Result<()> {
 /// The spec of one rank's part of the decoder: `1/size` of the heads, the
 /// KV heads and the MLP's width. Counts that `size` does not divide are an
 /// error that names them.
-pub fn split_spec(spec: &mut DecoderSpec, size: i32) -> Result<()> {
+pub fn split_spec(spec: &mut DecoderSpec, size: i32, architecture: Architecture) -> Result<()> {
     let a = &spec.attention;
+    let kv_heads =
+        kv_share(a.kv_heads.into(), size.into(), repeats_kv(architecture)).ok_or_else(|| {
+            RunnerError::Shard {
+                phase: "planning the shards",
+                message: format!(
+                    "num_key_value_heads is {}, which {size} ranks cannot share evenly",
+                    a.kv_heads
+                ),
+            }
+        })?;
     let counts = [
         ("num_attention_heads", a.heads),
-        ("num_key_value_heads", a.kv_heads),
         ("intermediate_size", spec.mlp.intermediate),
     ];
     for (name, value) in counts {
@@ -252,7 +286,7 @@ pub fn split_spec(spec: &mut DecoderSpec, size: i32) -> Result<()> {
         }
     }
     spec.attention.heads /= size;
-    spec.attention.kv_heads /= size;
+    spec.attention.kv_heads = kv_heads as i32;
     spec.mlp.intermediate /= size;
     if let Some(moe) = spec.moe.as_mut() {
         // Every rank holds every expert, 1/N of each one's width (mlx-lm's
@@ -283,6 +317,7 @@ pub fn layout(
             let c = crate::model::qwen3_5::Config::parse(path, raw)?;
             let width = i64::from(c.linear_num_key_heads) * i64::from(c.linear_key_head_dim);
             load::Layout {
+                repeat_kv_heads: u64::try_from(c.num_key_value_heads).ok(),
                 delta_key_width: Some(u64::try_from(width).map_err(|_| RunnerError::Shard {
                     phase: "planning the shards",
                     message: format!("linear_num_key_heads x linear_key_head_dim is {width}"),
