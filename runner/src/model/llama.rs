@@ -131,6 +131,7 @@ impl Config {
             )?,
             kinds: self.kinds(path)?,
             tie_embeddings: self.tie_word_embeddings.unwrap_or(!has_lm_head),
+            head_parts: 1,
             moe: None,
             delta: None,
         })

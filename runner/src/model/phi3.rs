@@ -171,6 +171,7 @@ impl Config {
             rope: self.rope(path, rope_dim)?,
             kinds: vec![CacheKind::Full; layer_count(path, self.num_hidden_layers)?],
             tie_embeddings: self.tie_word_embeddings,
+            head_parts: 1,
             moe: None,
             delta: None,
         })

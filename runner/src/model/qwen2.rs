@@ -81,6 +81,7 @@ impl Config {
             )?,
             kinds: vec![CacheKind::Full; layer_count(path, self.num_hidden_layers)?],
             tie_embeddings: self.tie_word_embeddings,
+            head_parts: 1,
             moe: None,
             delta: None,
         })

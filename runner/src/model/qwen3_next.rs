@@ -160,6 +160,7 @@ impl Config {
             )?,
             kinds,
             tie_embeddings: self.tie_word_embeddings,
+            head_parts: 1,
             moe,
             delta: Some(delta),
         })

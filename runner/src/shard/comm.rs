@@ -177,6 +177,45 @@ impl Comm {
         }
     }
 
+    /// Every rank's `x` stacked along the first axis, in rank order.
+    pub fn all_gather(&self, x: &Array) -> std::result::Result<Array, Exception> {
+        let stream = self.backend.stream();
+        // SAFETY: as in `all_sum`.
+        unsafe {
+            let mut res = mlx_sys::mlx_array_new();
+            let status = mlx_sys::mlx_distributed_all_gather(
+                &mut res,
+                x.as_ptr(),
+                self.group,
+                stream.as_ptr(),
+            );
+            if status != 0 {
+                mlx_sys::mlx_array_free(res);
+                return Err(Exception::custom(format!(
+                    "all_gather failed (MLX status {status})"
+                )));
+            }
+            Ok(Array::from_ptr(res))
+        }
+    }
+
+    /// `x`, whose last axis is split over the group (rank order), whole on
+    /// every rank (mlx-lm's `gather_last_axis`).
+    pub fn gather_last_axis(&self, x: &Array) -> std::result::Result<Array, Exception> {
+        let shape = x.shape().to_vec();
+        let last = shape.last().copied().unwrap_or(1);
+        let parts = self.all_gather(&x.reshape(&[-1, last])?)?;
+        // (ranks * rows, last) to (rows, ranks * last).
+        let parts = parts
+            .reshape(&[self.size, -1, last])?
+            .transpose_axes(&[1, 0, 2])?;
+        let mut out = shape;
+        if let Some(l) = out.last_mut() {
+            *l = last * self.size;
+        }
+        parts.reshape(&out)
+    }
+
     /// Rank 0's `x` on every rank: the sum of rank 0's values and the
     /// others' `x * 0`. (The zeros must be computed from `x`: a fresh array
     /// of zeros has no inputs, so MLX would run its collective before the

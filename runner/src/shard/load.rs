@@ -58,6 +58,9 @@ pub struct Layout {
     /// repeats its k and v projections); `None`: a rank count the KV heads
     /// are not a multiple of is refused.
     pub repeat_kv_heads: Option<u64>,
+    /// The untied head is split by vocabulary rows (Qwen3.5, as mlx-lm's
+    /// `shard()`), its logits gathered.
+    pub split_head: bool,
 }
 
 /// The projections split by rows, and those split by columns (as modules
@@ -88,6 +91,10 @@ const DELTA_ROWS: [&str; 3] = [
 /// (`model.language_model.layers.`, mlx-lm's `language_model.model.layers.`)
 /// split as a text model's.
 pub fn split_of(name: &str, layout: &Layout) -> Option<Split> {
+    let head = name.strip_prefix("language_model.").unwrap_or(name);
+    if layout.split_head && head.starts_with("lm_head.") {
+        return Some(Split::Rows);
+    }
     let rest = [
         "model.layers.",
         "model.language_model.layers.",
@@ -457,6 +464,7 @@ mod tests {
         let layout = Layout {
             delta_key_width: Some(32),
             repeat_kv_heads: Some(2),
+            split_head: false,
         };
         let s = |n: &str| split_of(n, &layout);
         for prefix in [
@@ -494,6 +502,15 @@ mod tests {
         }
         assert_eq!(s("language_model.model.embed_tokens.weight"), None);
         assert_eq!(s("language_model.lm_head.weight"), None);
+        let split_head = Layout {
+            split_head: true,
+            ..layout
+        };
+        assert_eq!(
+            split_of("language_model.lm_head.scales", &split_head),
+            Some(Split::Rows)
+        );
+        assert_eq!(split_of("lm_head.weight", &split_head), Some(Split::Rows));
         // Without delta-nets those names are nobody's.
         assert_eq!(
             split_of(

@@ -163,6 +163,13 @@ fn repeats_kv(architecture: Architecture) -> bool {
     architecture == Architecture::Qwen3_5
 }
 
+/// Whether a group of `architecture` splits its untied head by vocabulary
+/// rows and gathers the logits (mlx-lm's Qwen3.5 `shard()`; the others keep
+/// the head whole on every rank).
+fn splits_head(architecture: Architecture) -> bool {
+    architecture == Architecture::Qwen3_5
+}
+
 /// `size` ranks share `kv` KV heads: 1/N each, or with more ranks than
 /// heads (where the family allows it, [`repeats_kv`]) one each.
 fn kv_share(kv: i64, size: i64, repeat: bool) -> Option<i64> {
@@ -195,7 +202,15 @@ pub fn check_config(architecture: Architecture, raw: &serde_json::Value, size: i
     {
         return Err(uneven("num_key_value_heads", kv));
     }
+    let tied = text
+        .get("tie_word_embeddings")
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(false);
+    let vocab = (splits_head(architecture) && !tied)
+        .then(|| count("vocab_size"))
+        .flatten();
     let counts = [
+        ("vocab_size", vocab),
         ("intermediate_size", count("intermediate_size")),
         ("moe_intermediate_size", count("moe_intermediate_size")),
         (
@@ -287,6 +302,20 @@ pub fn split_spec(spec: &mut DecoderSpec, size: i32, architecture: Architecture)
     }
     spec.attention.heads /= size;
     spec.attention.kv_heads = kv_heads as i32;
+    if splits_head(architecture) && !spec.tie_embeddings {
+        // Qwen3.5's untied head: 1/N of the vocabulary per rank (mlx-lm
+        // asserts the same divisibility).
+        if spec.vocab % size != 0 {
+            return Err(RunnerError::Shard {
+                phase: "planning the shards",
+                message: format!(
+                    "vocab_size is {}, which {size} ranks cannot share evenly",
+                    spec.vocab
+                ),
+            });
+        }
+        spec.head_parts = size;
+    }
     spec.mlp.intermediate /= size;
     if let Some(moe) = spec.moe.as_mut() {
         // Every rank holds every expert, 1/N of each one's width (mlx-lm's
@@ -317,6 +346,7 @@ pub fn layout(
             let c = crate::model::qwen3_5::Config::parse(path, raw)?;
             let width = i64::from(c.linear_num_key_heads) * i64::from(c.linear_key_head_dim);
             load::Layout {
+                split_head: !c.tie_word_embeddings,
                 repeat_kv_heads: u64::try_from(c.num_key_value_heads).ok(),
                 delta_key_width: Some(u64::try_from(width).map_err(|_| RunnerError::Shard {
                     phase: "planning the shards",

@@ -38,6 +38,10 @@ pub struct DecoderSpec {
     /// One per layer: full attention, or a sliding window.
     pub kinds: Vec<CacheKind>,
     pub tie_embeddings: bool,
+    /// The untied head's share of the vocabulary on this rank: `1` whole,
+    /// `N` a 1/N block of rows whose logits the group gathers (Qwen3.5 in
+    /// a group, as mlx-lm's `shard()` splits its head).
+    pub head_parts: i32,
     /// Sparse layers and their experts (Qwen3-MoE); `None`: all dense.
     pub moe: Option<MoeLayers>,
     /// The gated delta-net of the layers whose kind is
@@ -119,6 +123,9 @@ pub struct Decoder {
     kinds: Vec<CacheKind>,
     norm: RmsNorm,
     lm_head: Option<Linear>,
+    /// Whether `lm_head` holds 1/N of the vocabulary (its logits gathered
+    /// over the group).
+    head_split: bool,
     /// The group this decoder's projections are split over (tensor
     /// parallelism); `None`: the whole model is here.
     shard: Option<Arc<Comm>>,
@@ -196,7 +203,12 @@ impl Decoder {
             None
         } else {
             Some(Linear::load(
-                w, quant, "lm_head", hidden, spec.vocab, false,
+                w,
+                quant,
+                "lm_head",
+                hidden,
+                spec.vocab / spec.head_parts.max(1),
+                false,
             )?)
         };
         Ok(Self {
@@ -204,6 +216,7 @@ impl Decoder {
             blocks,
             kinds: spec.kinds.clone(),
             norm,
+            head_split: spec.head_parts > 1 && !spec.tie_embeddings,
             lm_head,
             shard: None,
         })
@@ -266,9 +279,12 @@ impl Decoder {
 
     /// Projects hidden states to vocabulary logits (tied or separate head).
     pub fn logits(&self, hidden: &Array) -> Result<Array, Exception> {
-        match &self.lm_head {
-            Some(head) => head.forward(hidden),
-            None => self.embed.as_linear(hidden),
+        match (&self.lm_head, &self.shard) {
+            (Some(head), Some(comm)) if self.head_split => {
+                comm.gather_last_axis(&head.forward(hidden)?)
+            }
+            (Some(head), _) => head.forward(hidden),
+            (None, _) => self.embed.as_linear(hidden),
         }
     }
 }
