@@ -147,15 +147,16 @@ impl Lead {
             || clients_left(s).next().is_some()
     }
 
-    /// Asks every rank for its memory (the group is idle); the caller then
-    /// takes part in [`share_memory`] as the others do.
-    pub fn report(&mut self, comm: &Comm) -> Result<()> {
+    /// The group goes idle: asks every rank for its memory and returns
+    /// every rank's figures (this one's included). The followers then wait
+    /// on the doorbell, which the caller rings when work arrives.
+    pub fn report(&mut self, comm: &Comm, l: &Loaded, s: &State) -> Result<Vec<[u64; 4]>> {
         let tick = Tick {
             report: true,
             ..Tick::default()
         };
         comm.broadcast_bytes(&serde_json::to_vec(&tick).map_err(wire_err)?)?;
-        Ok(())
+        share_memory(comm, own_memory(l, s))
     }
 }
 
@@ -240,8 +241,22 @@ impl Default for Follow {
 }
 
 impl Follow {
+    /// A follower's turn: rank 0's tick; when the group goes idle, this
+    /// rank's memory for rank 0's report, then a wait on the doorbell.
+    /// Returns whether the engine stops.
+    pub fn take_turn(&mut self, comm: &Comm, l: &Loaded, s: &mut State) -> Result<bool> {
+        let turn = self.turn(comm, s)?;
+        if turn.report {
+            super::worker::settle();
+            let _ = mlx_rs::memory::clear_cache();
+            share_memory(comm, own_memory(l, s))?;
+            comm.wait_bell()?;
+        }
+        Ok(turn.stop)
+    }
+
     /// Waits for rank 0's tick and applies it.
-    pub fn turn(&mut self, comm: &Comm, s: &mut State) -> Result<Turn> {
+    fn turn(&mut self, comm: &Comm, s: &mut State) -> Result<Turn> {
         // What the stand-ins were sent is read and dropped.
         self.events.retain_mut(|rx| {
             loop {

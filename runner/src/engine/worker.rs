@@ -173,19 +173,9 @@ impl Worker {
         loop {
             // 0. A follower's turn starts with rank 0's news.
             if let (true, true, Some(comm)) = (follower, tick_due, lockstep.as_deref()) {
-                let turn = follow.turn(comm, &mut s).and_then(|t| {
-                    if t.report {
-                        settle();
-                        let _ = mlx_rs::memory::clear_cache();
-                        super::lockstep::share_memory(comm, super::lockstep::own_memory(l, &s))?;
-                        // The group is idle until rank 0 rings.
-                        comm.wait_bell()?;
-                    }
-                    Ok(t)
-                });
-                match turn {
-                    Ok(t) if t.stop => break,
-                    Ok(_) => {}
+                match follow.take_turn(comm, l, &mut s) {
+                    Ok(true) => break,
+                    Ok(false) => {}
                     Err(e) => {
                         eprintln!("grove-runner: {e}");
                         break;
@@ -198,10 +188,7 @@ impl Worker {
                 let _ = mlx_rs::memory::clear_cache();
                 // A group that goes idle: every rank says what it holds.
                 if let Some(comm) = lockstep.as_deref() {
-                    let shared = lead.report(comm).and_then(|()| {
-                        super::lockstep::share_memory(comm, super::lockstep::own_memory(l, &s))
-                    });
-                    match shared {
+                    match lead.report(comm, l, &s) {
                         Ok(ranks) => s.ranks = ranks,
                         Err(e) => {
                             eprintln!("grove-runner: {e}");
@@ -636,7 +623,7 @@ fn persist(l: &mut Loaded) {
 
 /// Waits until the device has finished what was dispatched (a discarded
 /// step in flight holds buffers until then).
-fn settle() {
+pub(super) fn settle() {
     // SAFETY: waits on MLX's default stream; takes no arguments.
     let _ = unsafe { mlx_sys::mlx_synchronize_default() };
 }
