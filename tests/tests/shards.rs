@@ -150,6 +150,24 @@ fn glm4_moe_lite_on_two_ranks_matches_mlx_lm() -> Result<()> {
     two_ranks_match_mlx_lm("glm4-moe-lite-f32")
 }
 
+/// Runs the Python `script` with `src` and `dst` as its arguments; its
+/// error output is the error.
+fn python(script: &str, src: &std::path::Path, dst: &std::path::Path) -> Result<()> {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = Command::new(&python)
+        .args(["-c", script])
+        .arg(src)
+        .arg(dst)
+        .output()
+        .with_context(|| format!("starting {python}"))?;
+    ensure!(
+        out.status.success(),
+        "{python} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
 /// `model` quantized to 4 bits with groups of 32 (the fixtures' groups of
 /// 64 span a whole row of o_proj, which two ranks cannot share) by mlx-lm's
 /// converter: 2 ranks give one runner's tokens, and a chunked prefill
@@ -158,24 +176,13 @@ fn quantized_on_two_ranks_matches_one_runner(model: &str) -> Result<()> {
     let src = fixtures::model_dir(model)?;
     let tmp = tempfile::tempdir()?;
     let dst = tmp.path().join("q4-g32");
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let script = concat!(
         "import sys, contextlib, io\n",
         "from mlx_lm import convert\n",
         "with contextlib.redirect_stdout(io.StringIO()):\n",
         "    convert(sys.argv[1], sys.argv[2], quantize=True, q_bits=4, q_group_size=32)\n",
     );
-    let out = Command::new(&python)
-        .args(["-c", script])
-        .arg(&src)
-        .arg(&dst)
-        .output()
-        .with_context(|| format!("starting {python}"))?;
-    ensure!(
-        out.status.success(),
-        "mlx-lm's convert failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    python(script, &src, &dst).context("mlx-lm's convert")?;
     let reference = fixtures::reference(model)?;
     let long = reference
         .cases
@@ -657,7 +664,6 @@ fn qwen3_5_over_more_ranks_than_kv_heads_matches_mlx_lm() -> Result<()> {
     let src = fixtures::model_dir("qwen3.5-f32")?;
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("qwen3.5-wide");
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     let script = concat!(
         "import json, shutil, sys\n",
         "from pathlib import Path\n",
@@ -677,17 +683,7 @@ fn qwen3_5_over_more_ranks_than_kv_heads_matches_mlx_lm() -> Result<()> {
         "for f in list(src.glob('tok*')) + [src / 'special_tokens_map.json']:\n",
         "    shutil.copy(f, dst / f.name)\n",
     );
-    let out = Command::new(&python)
-        .args(["-c", script])
-        .arg(&src)
-        .arg(&dir)
-        .output()
-        .with_context(|| format!("starting {python}"))?;
-    ensure!(
-        out.status.success(),
-        "making the model failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    python(script, &src, &dir).context("making the model")?;
     let ids: Vec<u32> = (0..30u32).map(|i| 5 + (i * 397 + 11) % 990).collect();
     let mlx = mlx_lm_sharded(&dir, &ids, 12, 4)?;
     let (tokens, logits) = generate_ids(&dir, &ids, 12, &["--shards", "4"])?;

@@ -403,14 +403,6 @@ impl Glm4MoeLite {
         })
     }
 
-    /// A partial output summed over the group (as is, alone).
-    fn reduce(&self, r: Array) -> Result<Array, Exception> {
-        match &self.shard {
-            Some(comm) => comm.all_sum(&r),
-            None => Ok(r),
-        }
-    }
-
     /// The group the model is split over, if any.
     pub fn shard(&self) -> Option<&Arc<Comm>> {
         self.shard.as_ref()
@@ -438,13 +430,13 @@ impl Glm4MoeLite {
             let r = block
                 .attention
                 .forward(&block.input_norm.forward(&h)?, cache, mask)?;
-            let h1 = h.add(&self.reduce(r)?)?;
+            let h1 = h.add(&crate::shard::reduce(self.shard.as_ref(), r)?)?;
             let x = block.post_norm.forward(&h1)?;
             let r = match &block.mlp {
                 FeedForward::Dense(m) => m.forward(&x)?,
                 FeedForward::Sparse(m) => m.forward(&x)?,
             };
-            h = h1.add(&self.reduce(r)?)?;
+            h = h1.add(&crate::shard::reduce(self.shard.as_ref(), r)?)?;
         }
         // 4. Final norm.
         self.norm.forward(&h)

@@ -290,14 +290,6 @@ impl GptOss {
         })
     }
 
-    /// A partial output summed over the group (as is, alone).
-    fn reduce(&self, r: Array) -> Result<Array, Exception> {
-        match &self.shard {
-            Some(comm) => comm.all_sum(&r),
-            None => Ok(r),
-        }
-    }
-
     /// The group the model is split over, if any.
     pub fn shard(&self) -> Option<&Arc<Comm>> {
         self.shard.as_ref()
@@ -329,9 +321,9 @@ impl GptOss {
                 block
                     .attention
                     .forward(&block.input_norm.forward(&h)?, cache, masks.of(kind))?;
-            let h1 = h.add(&self.reduce(r)?)?;
+            let h1 = h.add(&crate::shard::reduce(self.shard.as_ref(), r)?)?;
             let r = block.mlp.forward(&block.post_norm.forward(&h1)?)?;
-            h = h1.add(&self.reduce(r)?)?;
+            h = h1.add(&crate::shard::reduce(self.shard.as_ref(), r)?)?;
         }
         // 4. Final norm.
         self.norm.forward(&h)

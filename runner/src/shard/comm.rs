@@ -12,6 +12,14 @@ use mlx_rs::{Array, Dtype, Stream};
 
 use crate::error::{Result, RunnerError};
 
+/// mlx-c's signature of a collective: result, input, group, stream.
+type Collective = unsafe extern "C" fn(
+    *mut mlx_sys::mlx_array,
+    mlx_sys::mlx_array,
+    mlx_sys::mlx_distributed_group,
+    mlx_sys::mlx_stream,
+) -> std::os::raw::c_int;
+
 /// The transport MLX's collectives run over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -177,45 +185,38 @@ impl Comm {
         self.all_sum_whole(x)
     }
 
-    /// [`Comm::all_sum`] as MLX does it, whatever the size.
-    fn all_sum_whole(&self, x: &Array) -> std::result::Result<Array, Exception> {
+    /// One of mlx-c's collectives (`mlx_distributed_all_sum`, `_all_gather`,
+    /// `_all_min`: the same signature) of `x` over the group, lazy.
+    fn collective(
+        &self,
+        name: &str,
+        op: Collective,
+        x: &Array,
+    ) -> std::result::Result<Array, Exception> {
         let stream = self.backend.stream();
         // SAFETY: `res` is a fresh handle the op fills; on success it is owned
         // by the returned Array, on failure freed here.
         unsafe {
             let mut res = mlx_sys::mlx_array_new();
-            let status =
-                mlx_sys::mlx_distributed_all_sum(&mut res, x.as_ptr(), self.group, stream.as_ptr());
+            let status = op(&mut res, x.as_ptr(), self.group, stream.as_ptr());
             if status != 0 {
                 mlx_sys::mlx_array_free(res);
                 return Err(Exception::custom(format!(
-                    "all_sum failed (MLX status {status})"
+                    "{name} failed (MLX status {status})"
                 )));
             }
             Ok(Array::from_ptr(res))
         }
     }
 
+    /// [`Comm::all_sum`] as MLX does it, whatever the size.
+    fn all_sum_whole(&self, x: &Array) -> std::result::Result<Array, Exception> {
+        self.collective("all_sum", mlx_sys::mlx_distributed_all_sum, x)
+    }
+
     /// Every rank's `x` stacked along the first axis, in rank order.
     pub fn all_gather(&self, x: &Array) -> std::result::Result<Array, Exception> {
-        let stream = self.backend.stream();
-        // SAFETY: as in `all_sum`.
-        unsafe {
-            let mut res = mlx_sys::mlx_array_new();
-            let status = mlx_sys::mlx_distributed_all_gather(
-                &mut res,
-                x.as_ptr(),
-                self.group,
-                stream.as_ptr(),
-            );
-            if status != 0 {
-                mlx_sys::mlx_array_free(res);
-                return Err(Exception::custom(format!(
-                    "all_gather failed (MLX status {status})"
-                )));
-            }
-            Ok(Array::from_ptr(res))
-        }
+        self.collective("all_gather", mlx_sys::mlx_distributed_all_gather, x)
     }
 
     /// `x`, whose last axis is split over the group (rank order), whole on
@@ -295,22 +296,10 @@ impl Comm {
     /// The least of each value over every rank.
     pub fn all_min(&self, values: &[i64]) -> Result<Vec<i64>> {
         let phase = "agreeing on limits";
-        let stream = self.backend.stream();
         let x = Array::from_slice(values, &[values.len() as i32]);
-        // SAFETY: as in `all_sum`.
-        let out = unsafe {
-            let mut res = mlx_sys::mlx_array_new();
-            let status =
-                mlx_sys::mlx_distributed_all_min(&mut res, x.as_ptr(), self.group, stream.as_ptr());
-            if status != 0 {
-                mlx_sys::mlx_array_free(res);
-                return Err(RunnerError::Shard {
-                    phase,
-                    message: format!("all_min failed (MLX status {status})"),
-                });
-            }
-            Array::from_ptr(res)
-        };
+        let out = self
+            .collective("all_min", mlx_sys::mlx_distributed_all_min, &x)
+            .map_err(|e| shard_err(phase, e))?;
         out.eval().map_err(|e| shard_err(phase, e))?;
         debug_assert_eq!(out.dtype(), Dtype::Int64);
         Ok(out.as_slice::<i64>().to_vec())

@@ -34,6 +34,18 @@ pub const SIZE_VAR: &str = "GROVE_SHARDS";
 /// The variable that names the backend the launcher chose.
 pub const BACKEND_VAR: &str = "GROVE_SHARD_BACKEND";
 
+/// A rank's partial output summed over its group (as is, alone): what a
+/// split model does after attention and after the MLP.
+pub fn reduce(
+    shard: Option<&Arc<Comm>>,
+    r: mlx_rs::Array,
+) -> std::result::Result<mlx_rs::Array, mlx_rs::error::Exception> {
+    match shard {
+        Some(comm) => comm.all_sum(&r),
+        None => Ok(r),
+    }
+}
+
 /// Whether this process was started as a member of a group, and which.
 pub fn member_from_env() -> Result<Option<(i32, i32, Backend)>> {
     let Ok(rank) = std::env::var(RANK_VAR) else {

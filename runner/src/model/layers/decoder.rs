@@ -234,14 +234,6 @@ impl Decoder {
         self.shard.as_ref()
     }
 
-    /// The partial output `r` summed over the group (as is, alone).
-    fn reduce(&self, r: Array) -> Result<Array, Exception> {
-        match &self.shard {
-            Some(comm) => comm.all_sum(&r),
-            None => Ok(r),
-        }
-    }
-
     /// Each layer's kind of cache.
     pub fn kinds(&self) -> &[CacheKind] {
         &self.kinds
@@ -269,9 +261,9 @@ impl Decoder {
                 Mixer::Attention(a) => a.forward(&x, cache, masks.of(kind))?,
                 Mixer::Delta(d) => d.forward(&x, cache, masks.of(kind))?,
             };
-            let h1 = h.add(&self.reduce(r)?)?;
+            let h1 = h.add(&crate::shard::reduce(self.shard.as_ref(), r)?)?;
             let r = block.mlp.forward(&block.post_norm.forward(&h1)?)?;
-            h = h1.add(&self.reduce(r)?)?;
+            h = h1.add(&crate::shard::reduce(self.shard.as_ref(), r)?)?;
         }
         // 4. Final norm.
         self.norm.forward(&h)
