@@ -1,6 +1,6 @@
 //! A real `grove serve` on a free loopback port, with its own empty hub cache.
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -8,11 +8,13 @@ use grove_proto::v1 as pb;
 use grove_proto::v1::grove_client::GroveClient;
 use tonic::transport::Channel;
 
+use crate::proc::Group;
 use crate::runner::binary;
 
-/// A running daemon; killed (with its runners) on drop.
+/// A running daemon in its own process group, its stderr in a file; on drop
+/// it gets SIGTERM (so it stops its runners), then its group is killed.
 pub struct Daemon {
-    child: Child,
+    proc: Group,
     pub addr: String,
     pub hub: tempfile::TempDir,
     /// An empty ollama store (OLLAMA_MODELS), unless `env` names another.
@@ -39,41 +41,57 @@ impl Daemon {
         env: &[(&str, &str)],
         max_file_bytes: Option<u64>,
     ) -> Result<(Self, GroveClient<Channel>)> {
-        let addr = format!("127.0.0.1:{}", free_port()?);
-        let hub = tempfile::tempdir()?;
-        let ollama = tempfile::tempdir()?;
-        let mut cmd = Command::new(binary("grove")?);
-        cmd.arg("serve")
-            .env("GROVE_HOST", &addr)
-            .env("HF_HUB_CACHE", hub.path())
-            .env("OLLAMA_MODELS", ollama.path())
-            .env("HF_HUB_OFFLINE", "1")
-            .env("GROVE_RUNNER", binary("grove-runner")?)
-            // The runners' SSD tier is off unless a test turns it on.
-            .env("GROVE_KV_DISK", "0")
-            .stdin(Stdio::null());
-        for (k, v) in env {
-            cmd.env(k, v);
+        // The port was free a moment ago; another process may take it before
+        // the daemon binds it, so a daemon that finds it in use is started
+        // again on another.
+        let mut attempt = 1;
+        loop {
+            let addr = format!("127.0.0.1:{}", free_port()?);
+            let hub = tempfile::tempdir()?;
+            let ollama = tempfile::tempdir()?;
+            let mut cmd = Command::new(binary("grove")?);
+            cmd.arg("serve")
+                .env("GROVE_HOST", &addr)
+                .env("HF_HUB_CACHE", hub.path())
+                .env("OLLAMA_MODELS", ollama.path())
+                .env("HF_HUB_OFFLINE", "1")
+                .env("GROVE_RUNNER", binary("grove-runner")?)
+                // The runners' SSD tier is off unless a test turns it on.
+                .env("GROVE_KV_DISK", "0")
+                .stdin(Stdio::null());
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            if let Some(limit) = max_file_bytes {
+                limit_file_size(&mut cmd, limit);
+            }
+            let proc = Group::spawn(&mut cmd).context("starting grove serve")?;
+            let mut daemon = Self {
+                proc,
+                addr,
+                hub,
+                ollama,
+            };
+            match daemon.connect_when_up().await {
+                Ok(client) => return Ok((daemon, client)),
+                Err(e)
+                    if attempt < 3
+                        && !daemon.alive()
+                        && daemon.stderr().contains("Address already in use") =>
+                {
+                    attempt += 1;
+                    eprintln!("grove serve: {e}; again on another port");
+                }
+                Err(e) => return Err(e),
+            }
         }
-        if let Some(limit) = max_file_bytes {
-            limit_file_size(&mut cmd, limit);
-        }
-        let child = cmd.spawn().context("starting grove serve")?;
-        let mut daemon = Self {
-            child,
-            addr,
-            hub,
-            ollama,
-        };
-        let client = daemon.connect_when_up().await?;
-        Ok((daemon, client))
     }
 
     async fn connect_when_up(&mut self) -> Result<GroveClient<Channel>> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Some(status) = self.child.try_wait()? {
-                bail!("grove serve exited: {status}");
+            if let Some(status) = self.proc.try_wait()? {
+                bail!("grove serve exited: {status}: {}", self.proc.stderr_tail());
             }
             if let Ok(mut c) = self.client().await {
                 match c.version(pb::VersionRequest {}).await {
@@ -84,7 +102,10 @@ impl Daemon {
                 }
             }
             if Instant::now() > deadline {
-                bail!("grove serve did not answer within 30 s");
+                bail!(
+                    "grove serve did not answer within 30 s: {}",
+                    self.proc.stderr_tail()
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -92,7 +113,12 @@ impl Daemon {
 
     /// The daemon's process id.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.proc.id()
+    }
+
+    /// What the daemon wrote to stderr so far (its log).
+    pub fn stderr(&self) -> String {
+        self.proc.stderr()
     }
 
     /// A new client connection.
@@ -112,59 +138,35 @@ impl Daemon {
 
     /// Whether the daemon process is still running.
     pub fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        matches!(self.proc.try_wait(), Ok(None))
     }
 
     /// Sends SIGTERM and waits for the exit.
     pub fn terminate(&mut self, within: Duration) -> Result<std::process::ExitStatus> {
-        // SAFETY: kill(2) on our own child.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(s) = self.child.try_wait()? {
-                return Ok(s);
-            }
-            if Instant::now() > deadline {
-                bail!("grove serve did not exit within {within:?} of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.proc.signal(libc::SIGTERM);
+        self.proc.wait(within).context("grove serve after SIGTERM")
     }
 }
 
 impl Daemon {
     /// Waits for the process to exit (after a signal sent elsewhere) and reaps it.
     pub fn wait_exit(&mut self, within: Duration) -> Result<std::process::ExitStatus> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(s) = self.child.try_wait()? {
-                return Ok(s);
-            }
-            if Instant::now() > deadline {
-                bail!("grove serve did not exit within {within:?}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.proc.wait(within)
     }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        // SIGTERM first so the daemon stops its runners, then make sure.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
+        // SIGTERM first so the daemon stops its runners; the group is
+        // killed (and the daemon reaped) when `proc` drops.
+        self.proc.signal(libc::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(8);
         while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
+            if let Ok(Some(_)) = self.proc.try_wait() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -195,8 +197,21 @@ pub fn chat(model: &str, text: &str, max_tokens: u32) -> pb::ChatRequest {
     }
 }
 
-/// The text and final message of a stream.
+/// The text and final message of a stream, which must end within 240 s.
 pub async fn finish(
+    stream: tonic::Streaming<pb::GenerateResponse>,
+) -> Result<(String, pb::Done), tonic::Status> {
+    let within = Duration::from_secs(240);
+    tokio::time::timeout(within, finish_unbounded(stream))
+        .await
+        .unwrap_or_else(|_| {
+            Err(tonic::Status::deadline_exceeded(format!(
+                "the stream did not end within {within:?}"
+            )))
+        })
+}
+
+async fn finish_unbounded(
     mut stream: tonic::Streaming<pb::GenerateResponse>,
 ) -> Result<(String, pb::Done), tonic::Status> {
     let mut text = String::new();

@@ -9,6 +9,9 @@ use anyhow::{Context, Result, bail, ensure};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+/// The longest a test waits on the daemon's HTTP side for one step.
+const WAIT: Duration = Duration::from_secs(120);
+
 /// A response: status, headers (lower-case names) and body.
 #[derive(Debug)]
 pub struct Reply {
@@ -50,12 +53,14 @@ pub async fn send(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> Result<Reply> {
-    let mut s = TcpStream::connect(addr).await?;
+    let mut s = tokio::time::timeout(WAIT, TcpStream::connect(addr))
+        .await
+        .context("no connection within 120 s")??;
     // A body the server refuses early may not be read whole: a failed write
     // is fine as long as a response comes.
     let _ = s.write_all(&request(method, path, headers, body)).await;
     let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(120), s.read_to_end(&mut raw))
+    tokio::time::timeout(WAIT, s.read_to_end(&mut raw))
         .await
         .context("no response within 120 s")??;
     parse(&raw)
@@ -119,14 +124,18 @@ impl Lines {
         headers: &[(&str, &str)],
         body: &str,
     ) -> Result<Self> {
-        let mut s = TcpStream::connect(addr).await?;
+        let mut s = tokio::time::timeout(WAIT, TcpStream::connect(addr))
+            .await
+            .context("no connection within 120 s")??;
         s.write_all(&request("POST", path, headers, body.as_bytes()))
             .await?;
         let mut reader = BufReader::new(s);
         let mut status = 0;
         loop {
             let mut line = String::new();
-            reader.read_line(&mut line).await?;
+            tokio::time::timeout(WAIT, reader.read_line(&mut line))
+                .await
+                .context("no response head within 120 s")??;
             if status == 0 {
                 status = line
                     .split_whitespace()
@@ -145,7 +154,10 @@ impl Lines {
     pub async fn next_with(&mut self, needle: &str) -> Result<String> {
         loop {
             let mut line = String::new();
-            if self.reader.read_line(&mut line).await? == 0 {
+            let n = tokio::time::timeout(WAIT, self.reader.read_line(&mut line))
+                .await
+                .with_context(|| format!("no line with {needle:?} within 120 s"))??;
+            if n == 0 {
                 bail!("the stream ended before a line with {needle:?}");
             }
             if line.contains(needle) {
@@ -164,17 +176,16 @@ pub fn python_client(script: &str, args: &[&str]) -> Result<String> {
         "{} is missing (make test installs the clients)",
         clients.display()
     );
-    let out =
-        std::process::Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
-            .arg(root.join("tests/http").join(script))
-            .args(args)
-            .env("PYTHONPATH", &clients)
-            .env("NO_PROXY", "*")
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("OPENAI_BASE_URL")
-            .env_remove("OLLAMA_HOST")
-            .output()
-            .with_context(|| format!("starting python3 {script}"))?;
+    let mut cmd =
+        std::process::Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()));
+    cmd.arg(root.join("tests/http").join(script))
+        .args(args)
+        .env("PYTHONPATH", &clients)
+        .env("NO_PROXY", "*")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("OLLAMA_HOST");
+    let out = crate::proc::output(&mut cmd, crate::proc::DEADLINE)?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     ensure!(
         out.status.success(),

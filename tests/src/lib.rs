@@ -15,10 +15,13 @@
 //! - [`http`]: HTTP/1.1 by hand and the PyPI API clients, for the daemon's
 //!   JSON APIs.
 //! - [`serve`]: a `grove-runner serve` process and a gRPC client on its socket.
+//! - [`proc`]: every child process a test starts, under a deadline that kills
+//!   its process group and fails the test with its stderr.
 pub mod daemon;
 pub mod fixtures;
 pub mod http;
 pub mod hub_server;
+pub mod proc;
 pub mod real;
 pub mod runner;
 pub mod serve;

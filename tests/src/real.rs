@@ -33,11 +33,10 @@ pub fn model(file: &str) -> Result<PathBuf> {
 pub fn reference<T: DeserializeOwned>(args: &[&str]) -> Result<T> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("real/reference.py");
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let out = Command::new(&python)
-        .arg(&script)
-        .args(args)
-        .output()
-        .with_context(|| format!("starting {python}"))?;
+    let out = crate::proc::output(
+        Command::new(&python).arg(&script).args(args),
+        crate::proc::DEADLINE,
+    )?;
     if !out.status.success() {
         bail!(
             "reference.py {args:?} failed ({}): {}",

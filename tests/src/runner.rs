@@ -36,13 +36,16 @@ pub struct GenerateJson {
     pub finish_reason: String,
 }
 
-/// Runs `grove-runner` with `args` and returns its raw output.
+/// Runs `grove-runner` with `args` and returns its raw output; past
+/// [`crate::proc::DEADLINE`] it is killed with its ranks and fails.
 pub fn run(args: &[&str]) -> Result<Output> {
+    run_within(args, crate::proc::DEADLINE)
+}
+
+/// As [`run`], with its own deadline.
+pub fn run_within(args: &[&str], within: std::time::Duration) -> Result<Output> {
     let bin = binary("grove-runner")?;
-    Command::new(&bin)
-        .args(args)
-        .output()
-        .with_context(|| format!("starting {}", bin.display()))
+    crate::proc::output(Command::new(&bin).args(args), within)
 }
 
 /// Runs `grove-runner generate --json` with `args`; fails on a non-zero exit.

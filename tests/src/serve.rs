@@ -1,7 +1,7 @@
 //! A real `grove-runner serve` process on a temporary Unix socket, and a gRPC
 //! client connected to it.
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -9,11 +9,13 @@ use grove_proto::runner::v1 as pb;
 use grove_proto::runner::v1::runner_client::RunnerClient;
 use tonic::transport::Channel;
 
+use crate::proc::Group;
 use crate::runner::binary;
 
-/// A running `grove-runner serve`; killed (and reaped) on drop.
+/// A running `grove-runner serve` in its own process group (a group's
+/// ranks with it), its stderr in a file; killed with its group on drop.
 pub struct Served {
-    child: Child,
+    proc: Group,
     pub socket: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -47,9 +49,9 @@ impl Served {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().context("starting grove-runner serve")?;
+        let proc = Group::spawn(&mut cmd).context("starting grove-runner serve")?;
         let mut served = Self {
-            child,
+            proc,
             socket,
             _dir: dir,
         };
@@ -60,23 +62,39 @@ impl Served {
     async fn wait_ready(&mut self) -> Result<RunnerClient<Channel>> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Some(status) = self.child.try_wait()? {
-                bail!("grove-runner serve exited early: {status}");
+            if let Some(status) = self.proc.try_wait()? {
+                bail!(
+                    "grove-runner serve exited early: {status}: {}",
+                    self.proc.stderr_tail()
+                );
             }
             if self.socket.exists()
                 && let Ok(mut client) = connect(&self.socket).await
             {
-                let health = client.health(pb::HealthRequest {}).await?.into_inner();
+                let health = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    client.health(pb::HealthRequest {}),
+                )
+                .await
+                .context("Health did not answer within 10 s")??
+                .into_inner();
                 match pb::LoadState::try_from(health.state) {
                     Ok(pb::LoadState::Ready) => return Ok(client),
                     Ok(pb::LoadState::Failed) => {
-                        bail!("the model failed to load: {}", health.error)
+                        bail!(
+                            "the model failed to load: {}: {}",
+                            health.error,
+                            self.proc.stderr_tail()
+                        )
                     }
                     _ => {}
                 }
             }
             if Instant::now() > deadline {
-                bail!("grove-runner serve was not ready within 60 s");
+                bail!(
+                    "grove-runner serve was not ready within 60 s: {}",
+                    self.proc.stderr_tail()
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -84,28 +102,17 @@ impl Served {
 
     /// The process id of the runner (a group's launcher).
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.proc.id()
+    }
+
+    /// What the runner wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.proc.stderr()
     }
 
     /// Waits for the process to exit by itself.
     pub fn wait_exit(&mut self, within: Duration) -> Result<std::process::ExitStatus> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            if Instant::now() > deadline {
-                bail!("grove-runner serve did not exit within {within:?}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.proc.wait(within)
     }
 }
 
@@ -135,8 +142,24 @@ impl Completion {
     }
 }
 
-/// Runs Generate to the end.
+/// The longest a test waits for one Generate stream to end.
+pub const STREAM_DEADLINE: Duration = Duration::from_secs(240);
+
+/// Runs Generate to the end, within [`STREAM_DEADLINE`].
 pub async fn complete(
+    client: &mut RunnerClient<Channel>,
+    req: pb::GenerateRequest,
+) -> Result<Completion, tonic::Status> {
+    tokio::time::timeout(STREAM_DEADLINE, complete_unbounded(client, req))
+        .await
+        .unwrap_or_else(|_| {
+            Err(tonic::Status::deadline_exceeded(format!(
+                "the Generate stream did not end within {STREAM_DEADLINE:?}"
+            )))
+        })
+}
+
+async fn complete_unbounded(
     client: &mut RunnerClient<Channel>,
     req: pb::GenerateRequest,
 ) -> Result<Completion, tonic::Status> {

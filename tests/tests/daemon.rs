@@ -357,12 +357,11 @@ async fn pull_list_run_rm_through_the_daemon() -> Result<()> {
     let (d, mut c) = Daemon::start(&[("HF_ENDPOINT", &endpoint), ("HF_HUB_OFFLINE", "0")]).await?;
 
     // The CLI's progress, from the daemon's stream.
-    let out = tokio::process::Command::new(grove_tests::runner::binary("grove")?)
-        .args(["pull", "test-org/tiny-qwen"])
+    let mut cmd = std::process::Command::new(grove_tests::runner::binary("grove")?);
+    cmd.args(["pull", "test-org/tiny-qwen"])
         .env("GROVE_HOST", &d.addr)
-        .env("GROVE_NO_AUTOSTART", "1")
-        .output()
-        .await?;
+        .env("GROVE_NO_AUTOSTART", "1");
+    let out = grove_tests::proc::output_async(cmd, grove_tests::proc::DEADLINE).await?;
     let progress = String::from_utf8_lossy(&out.stderr);
     eprintln!("grove pull test-org/tiny-qwen:\n{progress}");
     ensure!(out.status.success(), "grove pull failed: {progress}");
@@ -386,6 +385,7 @@ async fn pull_list_run_rm_through_the_daemon() -> Result<()> {
     let mut stream = c
         .pull(pb::PullRequest {
             model: "test-org/tiny-qwen".into(),
+            ..Default::default()
         })
         .await?
         .into_inner();
@@ -449,14 +449,26 @@ async fn interactive_chat_session() -> Result<()> {
     use tokio::io::AsyncWriteExt;
     let (d, mut c) = Daemon::start(&[]).await?;
     let m = model("qwen3-f32")?;
-    let mut child = tokio::process::Command::new(grove_tests::runner::binary("grove")?)
+    let mut child = tokio::process::Command::new(grove_tests::runner::binary("grove")?);
+    child
         .args(["run", &m, "--verbose"])
         .env("GROVE_HOST", &d.addr)
         .env("GROVE_NO_AUTOSTART", "1")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .spawn()?;
+        .process_group(0)
+        .kill_on_drop(true);
+    // SAFETY: prctl is async-signal-safe; it only sets the child's
+    // parent-death signal between fork and exec.
+    unsafe {
+        child.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let mut child = child.spawn()?;
+    let _group = grove_tests::proc::KillOnDrop(child.id().context("pid")?);
     let mut stdin = child.stdin.take().context("stdin")?;
     let mut out = child.stdout.take().context("stdout")?;
     let mut seen = String::new();
@@ -508,8 +520,15 @@ async fn interactive_chat_session() -> Result<()> {
     // --verbose wrote the metrics of each answer: the second answered turn's
     // prompt holds the first turn, most of it from the prompt cache.
     let mut err = String::new();
-    tokio::io::AsyncReadExt::read_to_string(&mut child.stderr.take().context("stderr")?, &mut err)
-        .await?;
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read_to_string(
+            &mut child.stderr.take().context("stderr")?,
+            &mut err,
+        ),
+    )
+    .await
+    .context("stderr still open 10 s after grove run exited")??;
     let counts: Vec<(u32, u32)> = err
         .lines()
         .filter_map(|l| l.strip_prefix("prompt eval count:"))

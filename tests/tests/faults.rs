@@ -10,6 +10,7 @@ use grove_proto::v1 as pb;
 use grove_proto::v1::grove_client::GroveClient;
 use grove_tests::daemon::{Daemon, chat, finish, process_exists};
 use grove_tests::fixtures;
+use grove_tests::proc::{DEADLINE, OutputWithin};
 use grove_tests::real::{self, SMOLLM2};
 use tonic::transport::Channel;
 
@@ -439,7 +440,7 @@ async fn disk_full_fails_cleanly_and_loses_nothing() -> Result<()> {
     let mut cmd = std::process::Command::new(&runner);
     cmd.arg("import").arg(&gguf).arg(&out);
     limit_file_size(&mut cmd, 8 << 20);
-    let o = cmd.output()?;
+    let o = cmd.output_within(DEADLINE)?;
     let err = String::from_utf8_lossy(&o.stderr);
     ensure!(
         !o.status.success() && err.contains("grove-runner: error: "),
@@ -461,7 +462,7 @@ async fn disk_full_fails_cleanly_and_loses_nothing() -> Result<()> {
         .env("HF_HUB_CACHE", hub.path())
         .env("GROVE_RUNNER", &runner);
     limit_file_size(&mut cmd, 8 << 20);
-    let o = cmd.output()?;
+    let o = cmd.output_within(DEADLINE)?;
     let err = String::from_utf8_lossy(&o.stderr);
     ensure!(!o.status.success(), "{err}");
     let left = tree(hub.path());
@@ -478,7 +479,7 @@ async fn disk_full_fails_cleanly_and_loses_nothing() -> Result<()> {
         .arg("test-org/full")
         .env("HF_HUB_CACHE", hub.path())
         .env("GROVE_RUNNER", &runner)
-        .output()?;
+        .output_within(DEADLINE)?;
     ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
     // A pull through a daemon that cannot write more than 64 KiB per file.
@@ -497,6 +498,7 @@ async fn disk_full_fails_cleanly_and_loses_nothing() -> Result<()> {
         let err = match c
             .pull(pb::PullRequest {
                 model: "test-org/tiny-qwen".into(),
+                ..Default::default()
             })
             .await
         {
@@ -530,6 +532,7 @@ async fn disk_full_fails_cleanly_and_loses_nothing() -> Result<()> {
     let s = c
         .pull(pb::PullRequest {
             model: "test-org/tiny-qwen".into(),
+            ..Default::default()
         })
         .await?;
     let mut s = s.into_inner();

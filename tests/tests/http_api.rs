@@ -183,12 +183,18 @@ async fn raw_http_errors_keys_limits_and_cors() -> Result<()> {
     let mut c = grpc(&d, KEY).await?;
     c.version(pb::VersionRequest {}).await?;
     // The CLI sends GROVE_API_KEY.
-    let out = std::process::Command::new(grove_tests::runner::binary("grove")?)
-        .arg("ps")
-        .env("GROVE_HOST", &d.addr)
-        .env("GROVE_NO_AUTOSTART", "1")
-        .env("GROVE_API_KEY", KEY)
-        .output()?;
+    let out = grove_tests::proc::output_async(
+        {
+            let mut cmd = std::process::Command::new(grove_tests::runner::binary("grove")?);
+            cmd.arg("ps")
+                .env("GROVE_HOST", &d.addr)
+                .env("GROVE_NO_AUTOSTART", "1")
+                .env("GROVE_API_KEY", KEY);
+            cmd
+        },
+        grove_tests::proc::DEADLINE,
+    )
+    .await?;
     ensure!(
         out.status.success(),
         "grove ps with the key: {}",
@@ -255,12 +261,14 @@ async fn raw_http_errors_keys_limits_and_cors() -> Result<()> {
 /// A daemon on a non-loopback address without a key refuses to start.
 #[test]
 fn remote_bind_needs_a_key() -> Result<()> {
-    let out = std::process::Command::new(grove_tests::runner::binary("grove")?)
-        .arg("serve")
-        .env("GROVE_HOST", "0.0.0.0:0")
-        .env("GROVE_ALLOW_REMOTE", "1")
-        .env_remove("GROVE_API_KEY")
-        .output()?;
+    let out = grove_tests::proc::output(
+        std::process::Command::new(grove_tests::runner::binary("grove")?)
+            .arg("serve")
+            .env("GROVE_HOST", "0.0.0.0:0")
+            .env("GROVE_ALLOW_REMOTE", "1")
+            .env_remove("GROVE_API_KEY"),
+        Duration::from_secs(60),
+    )?;
     let err = String::from_utf8_lossy(&out.stderr);
     ensure!(
         !out.status.success() && err.contains("GROVE_API_KEY"),

@@ -13,6 +13,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail, ensure};
 use grove::service::{self, ENV_VARS, Platform, ServiceError, ServiceSpec};
+use grove_tests::proc::{DEADLINE, OutputWithin};
 use grove_tests::runner::binary;
 use serde_json::{Value, json};
 
@@ -117,7 +118,7 @@ fn launchd_plist_reads_back_with_plistlib() -> Result<()> {
     let out = Command::new(&python)
         .args(["-c", script])
         .arg(&path)
-        .output();
+        .output_within(DEADLINE);
     let out = out.with_context(|| format!("running {python} (plistlib)"))?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(
@@ -314,7 +315,7 @@ fn analyze_verify(tool: &Path, dir: &Path, unit: &str) -> Result<(bool, Vec<Stri
         .arg(&file)
         .env("XDG_CONFIG_HOME", dir.join("config"))
         .env("XDG_RUNTIME_DIR", &runtime)
-        .output()?;
+        .output_within(DEADLINE)?;
     let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
     let complaints = said
         .lines()
@@ -367,7 +368,7 @@ fn systemd_loaded_env(dir: &Path, unit: &str) -> Result<Option<Vec<String>>> {
         return Ok(None);
     };
     let id = |args: &[&str]| -> Result<String> {
-        let out = Command::new("id").args(args).output()?;
+        let out = Command::new("id").args(args).output_within(DEADLINE)?;
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
     let root = id(&["-u"])? == "0";
@@ -413,7 +414,7 @@ fn systemd_loaded_env(dir: &Path, unit: &str) -> Result<Option<Vec<String>>> {
         .env("HOME", dir)
         .env("XDG_CONFIG_HOME", dir.join("config"))
         .env("XDG_RUNTIME_DIR", &runtime)
-        .output()?;
+        .output_within(DEADLINE)?;
     let dump = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(
@@ -487,7 +488,7 @@ fn cli_print_shows_the_file_without_installing() -> Result<()> {
             .env("HOME", &spec.home)
             .envs(VALUES.iter().copied())
             .env("HF_TOKEN", SECRET)
-            .output()?;
+            .output_within(DEADLINE)?;
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         let what = format!("grove service install --print --platform {name}");

@@ -484,7 +484,7 @@ fn python(script: &str, args: &[&str], hf_home: &Path) -> Result<String> {
     let py_dir = std::env::var_os("PYTHONPATH")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.grove/py"));
-    let out =
+    let out = grove_tests::proc::output(
         std::process::Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()))
             .arg("-c")
             .arg(script)
@@ -497,9 +497,9 @@ fn python(script: &str, args: &[&str], hf_home: &Path) -> Result<String> {
             .env_remove("HF_TOKEN")
             .env_remove("HF_ENDPOINT")
             .env_remove("HF_HUB_CACHE")
-            .env_remove("HF_HUB_OFFLINE")
-            .output()
-            .context("starting python3")?;
+            .env_remove("HF_HUB_OFFLINE"),
+        grove_tests::proc::DEADLINE,
+    )?;
     ensure!(
         out.status.success(),
         "python failed: {}\n{}",
