@@ -86,9 +86,11 @@ $(GROVE_HOME)/.cuda-stamp:
 build: setup
 	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
 
-# Test models: tiny random-weight models and mlx-lm's reference outputs.
+# Test models: tiny random-weight models and mlx-lm's reference outputs (its
+# sharded ones among them: no test starts an mlx-lm rank group).
 fixtures: $(FIXTURES)/.stamp
-$(FIXTURES)/.stamp: tests/fixtures/make_fixtures.py $(GROVE_HOME)/.py-stamp
+$(FIXTURES)/.stamp: tests/fixtures/make_fixtures.py tests/fixtures/sharded_refs.py \
+  tests/fixtures/mlx_lm_sharded.py $(GROVE_HOME)/.py-stamp
 	$(PYTHON) tests/fixtures/make_fixtures.py --out $(FIXTURES)
 	@touch $@
 
@@ -121,8 +123,17 @@ run: build default-model
 	trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null' EXIT; \
 	GROVE_NO_AUTOSTART=1 $(BIN)/grove run "$$model" "$(GROVE_PROMPT)" --max-tokens $(GROVE_MAX_TOKENS) --verbose
 
-test: build fixtures real-models $(GROVE_HOME)/.clients-stamp
-	$(CARGO) test $(CARGO_FLAGS) --workspace --no-fail-fast
+# The suite runs under cargo-nextest (.config/nextest.toml): each test in its
+# own process, killed with its process group past 5 minutes, the rest going on.
+# The machine's cargo-nextest if it has one, else one built into .grove/tools.
+NEXTEST_BIN := $(or $(shell command -v cargo-nextest 2>/dev/null),$(GROVE_HOME)/tools/bin/cargo-nextest)
+$(GROVE_HOME)/tools/bin/cargo-nextest:
+	@echo "setup: cargo-nextest into $(GROVE_HOME)/tools (no cargo-nextest on PATH)"
+	$(CARGO) install --locked --root $(GROVE_HOME)/tools cargo-nextest
+
+test: build fixtures real-models $(GROVE_HOME)/.clients-stamp $(NEXTEST_BIN)
+	PATH="$(dir $(NEXTEST_BIN)):$$PATH" $(CARGO) nextest run $(CARGO_FLAGS) --workspace --no-fail-fast
+	$(CARGO) test $(CARGO_FLAGS) --workspace --doc
 
 # The fuzz tests (proptest, see fuzzing/) with a long budget; `make test` runs
 # them with proptest's default of 256 cases each.
