@@ -229,3 +229,34 @@ pub fn kv_reference(name: &str) -> Result<KvReference> {
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
+
+/// One of mlx-lm's tensor-parallel generations, made at fixture time by
+/// `tests/fixtures/sharded_refs.py` (its `sharded_load` over MLX's ring).
+#[derive(Debug, Deserialize)]
+pub struct ShardedRun {
+    pub ranks: usize,
+    pub prompt_tokens: Vec<u32>,
+    pub max_tokens: usize,
+    /// Rank 0's greedy tokens (EOS excluded).
+    pub tokens: Vec<u32>,
+    /// The last prompt position's logits.
+    pub logits: Vec<f32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ShardedReference {
+    runs: Vec<ShardedRun>,
+}
+
+/// mlx-lm's run of `name` over `ranks` ranks (its reference-sharded.json).
+pub fn sharded_reference(name: &str, ranks: usize) -> Result<ShardedRun> {
+    let path = model_dir(name)?.join("reference-sharded.json");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading {} (made by `make fixtures`)", path.display()))?;
+    let doc: ShardedReference =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    doc.runs
+        .into_iter()
+        .find(|r| r.ranks == ranks)
+        .with_context(|| format!("{}: no run over {ranks} ranks", path.display()))
+}

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use grove_tests::fixtures::{self, Case};
+use grove_tests::proc::{DEADLINE, Group, OutputWithin};
 use grove_tests::runner::{binary, generate_json, ids_arg, run};
 
 /// Largest absolute difference allowed against mlx-lm's (or one runner's)
@@ -158,8 +159,7 @@ fn python(script: &str, src: &std::path::Path, dst: &std::path::Path) -> Result<
         .args(["-c", script])
         .arg(src)
         .arg(dst)
-        .output()
-        .with_context(|| format!("starting {python}"))?;
+        .output_within(DEADLINE)?;
     ensure!(
         out.status.success(),
         "{python} failed: {}",
@@ -329,24 +329,25 @@ fn a_killed_rank_takes_its_group_down() -> Result<()> {
         .context("no cases")?;
     let ids = ids_arg(&long.prompt_tokens);
     // One token per prefill pass, 100 times over: many seconds of work.
-    let mut launcher = Command::new(binary("grove-runner")?)
-        .args(["generate", "--model"])
-        .arg(&dir)
-        .args([
-            "--prompt-tokens",
-            &ids,
-            "--max-tokens",
-            "1",
-            "--prefill-chunk",
-            "1",
-            "--json",
-            "--repeat",
-            "100",
-        ])
-        .args(["--shards", "2"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
+    let mut launcher = Group::spawn(
+        Command::new(binary("grove-runner")?)
+            .args(["generate", "--model"])
+            .arg(&dir)
+            .args([
+                "--prompt-tokens",
+                &ids,
+                "--max-tokens",
+                "1",
+                "--prefill-chunk",
+                "1",
+                "--json",
+                "--repeat",
+                "100",
+            ])
+            .args(["--shards", "2"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null()),
+    )?;
     let pid = launcher.id();
     let deadline = Instant::now() + Duration::from_secs(30);
     let ranks = loop {
@@ -355,8 +356,10 @@ fn a_killed_rank_takes_its_group_down() -> Result<()> {
             break c;
         }
         if Instant::now() > deadline {
-            let _ = launcher.kill();
-            bail!("the launcher did not start 2 ranks: {c:?}");
+            bail!(
+                "the launcher did not start 2 ranks: {c:?}: {}",
+                launcher.stderr_tail()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -374,16 +377,14 @@ fn a_killed_rank_takes_its_group_down() -> Result<()> {
             break s;
         }
         if killed_at.elapsed() > Duration::from_secs(15) {
-            let _ = launcher.kill();
-            bail!("the launcher did not end within 15 s of a rank's death");
+            bail!(
+                "the launcher did not end within 15 s of a rank's death: {}",
+                launcher.stderr_tail()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let mut stderr = String::new();
-    if let Some(mut e) = launcher.stderr.take() {
-        use std::io::Read;
-        e.read_to_string(&mut stderr)?;
-    }
+    let stderr = launcher.stderr();
     ensure!(!status.success(), "the launcher succeeded: {stderr}");
     ensure!(stderr.contains("rank 1 ended with signal: 9"), "{stderr}");
     ensure!(!alive(ranks[0]), "rank 0 ({}) outlived its group", ranks[0]);
@@ -626,15 +627,15 @@ async fn the_daemon_runs_a_group_and_recovers_from_a_killed_rank() -> Result<()>
 /// In bfloat16 (kept as stored) a split model rounds each rank's partial
 /// output before the sum, so 2 ranks drift from one runner within a few
 /// dozen tokens, in mlx-lm as in Grove. Grove's 2 ranks must give mlx-lm's
-/// 2 ranks (its `sharded_load` over the same ring backend): the same logits
-/// and the same greedy tokens up to Grove's EOS.
+/// 2 ranks (its `sharded_load` over the same ring backend, run at fixture
+/// time): the same logits and the same greedy tokens up to Grove's EOS.
 #[test]
 fn bf16_on_two_ranks_matches_mlx_lm_on_two_ranks() -> Result<()> {
     let dir = fixtures::model_dir("qwen3-bf16")?;
-    let ids: Vec<u32> = (0..64u32).map(|i| 5 + (i * 397 + 11) % 990).collect();
-    let mlx = mlx_lm_sharded(&dir, &ids, 32, 2)?;
+    let mlx = fixtures::sharded_reference("qwen3-bf16", 2)?;
+    let (ids, n) = (&mlx.prompt_tokens, mlx.max_tokens);
     let (tokens, logits) =
-        generate_ids(&dir, &ids, 32, &["--shards", "2", "--cpu-dtypes", "stored"])?;
+        generate_ids(&dir, ids, n, &["--shards", "2", "--cpu-dtypes", "stored"])?;
     ensure!(!tokens.is_empty() && tokens.len() <= mlx.tokens.len());
     ensure!(
         mlx.tokens.starts_with(&tokens),
@@ -647,7 +648,7 @@ fn bf16_on_two_ranks_matches_mlx_lm_on_two_ranks() -> Result<()> {
         "logits differ from mlx-lm's 2 ranks by {w:e}"
     );
     // And they do differ from one runner's (what the test is about).
-    let (_, alone) = generate_ids(&dir, &ids, 32, &["--cpu-dtypes", "stored"])?;
+    let (_, alone) = generate_ids(&dir, ids, n, &["--cpu-dtypes", "stored"])?;
     ensure!(
         worst(&alone, &logits) > LOGIT_TOLERANCE,
         "no drift in bfloat16?"
@@ -657,99 +658,22 @@ fn bf16_on_two_ranks_matches_mlx_lm_on_two_ranks() -> Result<()> {
 
 /// Qwen3.5 over more ranks than KV heads (4 ranks, 2 KV heads): each rank
 /// holds one KV head, the ranks of a head next to each other, as mlx-lm
-/// repeats the k and v projections before it splits them. A model made on
-/// the spot (the fixture's delta-nets have 2 key heads; this one 4).
+/// repeats the k and v projections before it splits them. The fixture
+/// qwen3.5-wide-f32 has 4 delta-net key heads (qwen3.5-f32 has 2), and
+/// mlx-lm's 4 ranks ran on it at fixture time.
 #[test]
 fn qwen3_5_over_more_ranks_than_kv_heads_matches_mlx_lm() -> Result<()> {
-    let src = fixtures::model_dir("qwen3.5-f32")?;
-    let tmp = tempfile::tempdir()?;
-    let dir = tmp.path().join("qwen3.5-wide");
-    let script = concat!(
-        "import json, shutil, sys\n",
-        "from pathlib import Path\n",
-        "import mlx.core as mx\n",
-        "from mlx.utils import tree_flatten\n",
-        "from mlx_lm.models import qwen3_5\n",
-        "src, dst = Path(sys.argv[1]), Path(sys.argv[2])\n",
-        "dst.mkdir(parents=True)\n",
-        "cfg = json.loads((src / 'config.json').read_text())\n",
-        "cfg['text_config'].update(linear_num_key_heads=4, linear_num_value_heads=8,\n",
-        "                          full_attention_interval=2)\n",
-        "mx.random.seed(7)\n",
-        "model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict(cfg))\n",
-        "weights = dict(tree_flatten(model.parameters()))\n",
-        "mx.save_safetensors(str(dst / 'model.safetensors'), weights, metadata={'format': 'mlx'})\n",
-        "(dst / 'config.json').write_text(json.dumps(cfg))\n",
-        "for f in list(src.glob('tok*')) + [src / 'special_tokens_map.json']:\n",
-        "    shutil.copy(f, dst / f.name)\n",
-    );
-    python(script, &src, &dir).context("making the model")?;
-    let ids: Vec<u32> = (0..30u32).map(|i| 5 + (i * 397 + 11) % 990).collect();
-    let mlx = mlx_lm_sharded(&dir, &ids, 12, 4)?;
-    let (tokens, logits) = generate_ids(&dir, &ids, 12, &["--shards", "4"])?;
+    let dir = fixtures::model_dir("qwen3.5-wide-f32")?;
+    let mlx = fixtures::sharded_reference("qwen3.5-wide-f32", 4)?;
+    let (ids, n) = (&mlx.prompt_tokens, mlx.max_tokens);
+    let (tokens, logits) = generate_ids(&dir, ids, n, &["--shards", "4"])?;
     ensure!(!tokens.is_empty() && mlx.tokens.starts_with(&tokens));
     let w = worst(&logits, &mlx.logits);
     ensure!(
         w <= LOGIT_TOLERANCE,
         "logits differ from mlx-lm's 4 ranks by {w:e}"
     );
-    let (alone, _) = generate_ids(&dir, &ids, 12, &[])?;
+    let (alone, _) = generate_ids(&dir, ids, n, &[])?;
     ensure!(alone == tokens, "4 ranks {tokens:?}, one runner {alone:?}");
     Ok(())
-}
-
-/// What one of mlx-lm's sharded generations gave.
-#[derive(serde::Deserialize)]
-struct Sharded {
-    tokens: Vec<u32>,
-    logits: Vec<f32>,
-}
-
-/// mlx-lm's `sharded_load` over `ranks` ranks of its ring on loopback (as
-/// mlx.launch would start them): `n` greedy tokens of `ids` and the last
-/// prompt position's logits.
-fn mlx_lm_sharded(dir: &std::path::Path, ids: &[u32], n: usize, ranks: usize) -> Result<Sharded> {
-    let ids_text = ids_arg(ids);
-    let ports: Vec<u16> = {
-        let l: Vec<std::net::TcpListener> = (0..ranks)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-            .collect::<std::io::Result<_>>()?;
-        l.iter()
-            .map(|l| l.local_addr().map(|a| a.port()))
-            .collect::<std::io::Result<_>>()?
-    };
-    let hostfile = tempfile::NamedTempFile::new()?;
-    let hosts: Vec<String> = ports
-        .iter()
-        .map(|p| format!("[\"127.0.0.1:{p}\"]"))
-        .collect();
-    std::fs::write(hostfile.path(), format!("[{}]", hosts.join(", ")))?;
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/mlx_lm_sharded.py");
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    let ranks: Vec<_> = (0..ranks)
-        .map(|r| {
-            Command::new(&python)
-                .arg(&script)
-                .arg(dir)
-                .arg(&ids_text)
-                .arg(n.to_string())
-                .env("MLX_RANK", r.to_string())
-                .env("MLX_HOSTFILE", hostfile.path())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-        })
-        .collect::<std::io::Result<_>>()?;
-    let mut outs = Vec::new();
-    for rank in ranks {
-        let out = rank.wait_with_output()?;
-        ensure!(
-            out.status.success(),
-            "mlx-lm's rank failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        outs.push(out.stdout);
-    }
-    Ok(serde_json::from_slice(&outs[0])?)
 }
