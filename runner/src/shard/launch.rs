@@ -1,10 +1,12 @@
-//! A group on one host: its addresses (free loopback ports), the variables
+//! A group on one host: its addresses (loopback ports held until the group
+//! ends, so no other process can take one between the pick and the rank's
+//! bind), the variables
 //! each rank is started with (MLX's and Grove's), and a launcher that starts
 //! the ranks as child processes, as `mlx.launch` does, and ends them
 //! together: a rank that fails takes the others down, and a rank whose
 //! launcher dies gets SIGKILL from the kernel (`PR_SET_PDEATHSIG`).
 use std::ffi::OsString;
-use std::net::TcpListener;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -27,6 +29,8 @@ pub struct Plan {
     hostfile: Option<PathBuf>,
     /// NCCL's rendezvous port on rank 0.
     nccl_port: u16,
+    /// The sockets that hold the group's ports (see [`held_ports`]).
+    _held: Vec<socket2::Socket>,
 }
 
 fn launch_err(message: String) -> RunnerError {
@@ -36,18 +40,32 @@ fn launch_err(message: String) -> RunnerError {
     }
 }
 
-/// `n` distinct loopback ports that were free a moment ago.
-fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let listeners = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<Vec<_>>>()
-        .map_err(|e| launch_err(format!("no free loopback port: {e}")))?;
-    listeners
-        .iter()
-        .map(|l| {
-            l.local_addr()
-                .map(|a| a.port())
-                .map_err(|e| launch_err(e.to_string()))
+/// `n` distinct loopback ports, each held by a socket bound to it (not
+/// listening) until the socket is dropped. The sockets set SO_REUSEADDR and
+/// SO_REUSEPORT, as MLX's ring does (its NCCL rendezvous sets
+/// SO_REUSEADDR), so a rank binds its port beside the held socket, while
+/// the kernel hands the port to no one else: neither an automatic bind
+/// (port 0, as every other test or daemon picks a port) nor an outgoing
+/// connection's local port takes a port a socket is bound to. Picking ports
+/// by binding port 0 and closing the listener left a gap in which another
+/// process could take the port before the rank bound it.
+pub fn held_ports(n: usize) -> Result<Vec<(u16, socket2::Socket)>> {
+    use socket2::{Domain, Socket, Type};
+    (0..n)
+        .map(|_| {
+            let hold = || -> std::io::Result<(u16, Socket)> {
+                let s = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+                s.set_reuse_address(true)?;
+                s.set_reuse_port(true)?;
+                s.bind(&SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0).into())?;
+                let port = s
+                    .local_addr()?
+                    .as_socket()
+                    .map(|a| a.port())
+                    .ok_or_else(|| std::io::Error::other("not an IP socket"))?;
+                Ok((port, s))
+            };
+            hold().map_err(|e| launch_err(format!("no free loopback port: {e}")))
         })
         .collect()
 }
@@ -62,10 +80,10 @@ impl Plan {
         }
         match backend {
             Backend::Ring => {
-                let ports = free_ports(size as usize)?;
-                let hosts: Vec<Vec<String>> = ports
+                let held = held_ports(size as usize)?;
+                let hosts: Vec<Vec<String>> = held
                     .iter()
-                    .map(|p| vec![format!("127.0.0.1:{p}")])
+                    .map(|(p, _)| vec![format!("127.0.0.1:{p}")])
                     .collect();
                 let text = serde_json::to_string(&hosts).map_err(|e| launch_err(e.to_string()))?;
                 let nanos = std::time::SystemTime::now()
@@ -82,14 +100,19 @@ impl Plan {
                     backend,
                     hostfile: Some(path),
                     nccl_port: 0,
+                    _held: held.into_iter().map(|(_, s)| s).collect(),
                 })
             }
-            Backend::Nccl => Ok(Self {
-                size,
-                backend,
-                hostfile: None,
-                nccl_port: free_ports(1)?[0],
-            }),
+            Backend::Nccl => {
+                let (port, socket) = held_ports(1)?.remove(0);
+                Ok(Self {
+                    size,
+                    backend,
+                    hostfile: None,
+                    nccl_port: port,
+                    _held: vec![socket],
+                })
+            }
         }
     }
 
@@ -267,5 +290,32 @@ fn end_all(children: &mut [(i32, Child)]) {
             let _ = child.kill();
         }
         let _ = child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use socket2::{Domain, Socket, Type};
+
+    /// A held port is never handed out by an automatic bind, and a rank's
+    /// socket (MLX's options) binds it and accepts a connection on it.
+    #[test]
+    fn a_held_port_is_taken_by_the_rank_and_by_no_one_else() {
+        let held = held_ports(1).expect("held port");
+        let port = held[0].0;
+        for _ in 0..2000 {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            assert_ne!(l.local_addr().expect("addr").port(), port);
+        }
+        let rank = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+        rank.set_reuse_address(true).expect("reuseaddr");
+        rank.set_reuse_port(true).expect("reuseport");
+        rank.bind(&SocketAddrV4::new(Ipv4Addr::LOCALHOST, port).into())
+            .expect("the rank binds its held port");
+        rank.listen(1).expect("listen");
+        let _c = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        rank.accept()
+            .expect("the rank's socket gets the connection");
     }
 }
