@@ -15,6 +15,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Its Debug (in lib.rs) hides the token.
+        .skip_debug(["grove.v1.HubSettings"])
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -9,6 +9,17 @@
 /// The public API.
 pub mod v1 {
     tonic::include_proto!("grove.v1");
+
+    /// Shows whether a token is set, never the token.
+    impl std::fmt::Debug for HubSettings {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("HubSettings")
+                .field("endpoint", &self.endpoint)
+                .field("token", &self.token.as_ref().map(|_| "***"))
+                .field("offline", &self.offline)
+                .finish()
+        }
+    }
 }
 
 /// The encoded descriptors of every .proto file, for gRPC reflection.

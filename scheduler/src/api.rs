@@ -536,7 +536,8 @@ impl Grove for Api {
     }
 
     async fn pull(&self, req: Request<pb::PullRequest>) -> Result<Response<PullStream>, Status> {
-        crate::pull_rpc::pull(self.store.clone(), req.into_inner().model)
+        let req = req.into_inner();
+        crate::pull_rpc::pull(self.store.clone(), req.model, req.hub)
             .await
             .map(Response::new)
     }

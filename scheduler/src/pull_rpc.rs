@@ -10,7 +10,9 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
-use crate::store::{ModelRef, Progress, PullOptions, Store, StoreError, pull as store_pull};
+use crate::store::{
+    HubToken, ModelRef, Progress, PullOptions, Store, StoreError, pull as store_pull,
+};
 
 /// A progress event as a message.
 pub fn to_message(p: &Progress) -> pb::PullProgress {
@@ -133,11 +135,43 @@ fn store_status(e: StoreError) -> Status {
     Status::unavailable(e.to_string())
 }
 
-/// Starts pulling `model` into `store`; progress streams back, the last message
+/// The daemon's own hub settings (its environment) with the client's
+/// `hub` laid over them, for one pull. An endpoint is checked here, so that
+/// a bad one is refused before the stream starts.
+pub fn pull_options(hub: Option<&pb::HubSettings>) -> Result<PullOptions, Status> {
+    let mut opts = PullOptions::from_env();
+    let Some(hub) = hub else {
+        return Ok(opts);
+    };
+    if let Some(endpoint) = &hub.endpoint {
+        let endpoint = endpoint.trim().trim_end_matches('/');
+        let url = reqwest::Url::parse(endpoint).map_err(|e| {
+            Status::invalid_argument(format!("hub endpoint {endpoint:?} is not a URL: {e}"))
+        })?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(Status::invalid_argument(format!(
+                "hub endpoint {endpoint:?} is not an http(s) URL"
+            )));
+        }
+        opts.endpoint = endpoint.to_string();
+    }
+    if let Some(token) = &hub.token {
+        // An empty token asks for none (a public repo, whatever the daemon has).
+        opts.token = HubToken::new(token);
+    }
+    if let Some(offline) = hub.offline {
+        opts.offline = offline;
+    }
+    Ok(opts)
+}
+
+/// Starts pulling `model` into `store` with the client's `hub` settings
+/// (unset ones are the daemon's); progress streams back, the last message
 /// is DONE, and a failure ends the stream with a status.
 pub async fn pull(
     store: Store,
     model: String,
+    hub: Option<pb::HubSettings>,
 ) -> Result<Pin<Box<dyn Stream<Item = Result<pb::PullProgress, Status>> + Send>>, Status> {
     let name = match ModelRef::parse(&model).map_err(|e| Status::invalid_argument(e.to_string()))? {
         ModelRef::Repo(name) => name,
@@ -147,10 +181,10 @@ pub async fn pull(
             ));
         }
     };
+    let opts = pull_options(hub.as_ref())?;
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         let (ptx, mut prx) = mpsc::channel::<Progress>(64);
-        let opts = PullOptions::from_env();
         let forward = {
             let tx = tx.clone();
             async move {
@@ -167,4 +201,49 @@ pub async fn pull(
         }
     });
     Ok(Box::pin(ReceiverStream::new(rx)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clients_settings_lie_over_the_daemons() {
+        let daemon = PullOptions::from_env();
+        // Nothing sent: the daemon's own.
+        let o = pull_options(None).expect("options");
+        assert_eq!(o.endpoint, daemon.endpoint);
+        assert_eq!(o.offline, daemon.offline);
+        let hub = pb::HubSettings {
+            endpoint: Some("http://127.0.0.1:9/".into()),
+            token: Some("hf_client".into()),
+            offline: Some(!daemon.offline),
+        };
+        let o = pull_options(Some(&hub)).expect("options");
+        assert_eq!(o.endpoint, "http://127.0.0.1:9");
+        assert_eq!(o.token, HubToken::new("hf_client"));
+        assert_eq!(o.offline, !daemon.offline);
+        // Only the endpoint: the rest stays the daemon's.
+        let o = pull_options(Some(&pb::HubSettings {
+            endpoint: Some("https://hub.example".into()),
+            ..Default::default()
+        }))
+        .expect("options");
+        assert_eq!((o.token, o.offline), (daemon.token, daemon.offline));
+        // An empty token asks for none.
+        let o = pull_options(Some(&pb::HubSettings {
+            token: Some(String::new()),
+            ..Default::default()
+        }))
+        .expect("options");
+        assert_eq!(o.token, None);
+        for bad in ["ftp://x", "not a url"] {
+            let e = pull_options(Some(&pb::HubSettings {
+                endpoint: Some(bad.into()),
+                ..Default::default()
+            }))
+            .expect_err(bad);
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad}");
+        }
+    }
 }

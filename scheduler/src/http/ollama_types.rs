@@ -121,9 +121,43 @@ pub struct ModelRequest {
     pub insecure: Option<bool>,
     #[serde(default)]
     pub verbose: Option<bool>,
+    /// `/api/pull` only: the client's hub settings for this pull (Grove's
+    /// own field; ollama pulls from its registry).
+    #[serde(default)]
+    pub hub: Option<HubBody>,
+}
+
+/// `{"endpoint": …, "token": …, "offline": …}`: grove.v1.HubSettings in JSON.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HubBody {
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    #[serde(default)]
+    pub token: Option<String>,
+    #[serde(default)]
+    pub offline: Option<bool>,
+}
+
+impl std::fmt::Debug for HubBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HubBody")
+            .field("endpoint", &self.endpoint)
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("offline", &self.offline)
+            .finish()
+    }
 }
 
 impl ModelRequest {
+    /// The model of a show or delete (where `hub` has no meaning).
+    pub fn model_only(&self) -> Result<String, String> {
+        if self.hub.is_some() {
+            return Err("hub applies to /api/pull only".into());
+        }
+        self.model()
+    }
+
     pub fn model(&self) -> Result<String, String> {
         if self.verbose == Some(true) {
             return Err(

@@ -54,6 +54,13 @@ impl HubToken {
     }
 }
 
+impl HubToken {
+    /// The token itself, to hand to the daemon that sends it (never to print).
+    pub fn secret(&self) -> &str {
+        &self.0
+    }
+}
+
 impl std::fmt::Debug for HubToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("HubToken(***)")
