@@ -63,12 +63,36 @@ fn parse_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer> {
     serde_json::from_str::<serde::de::IgnoredAny>(&text)
         .map_err(|e| bad(format!("not valid JSON: {e}")))?;
     let parsed = std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>());
-    match parsed {
-        Ok(Ok(t)) => Ok(t),
-        Ok(Err(e)) => Err(bad(e.to_string())),
-        Err(_) => Err(bad(
-            "the tokenizers library could not read it (it panicked)".into(),
-        )),
+    let tokenizer = match parsed {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => return Err(bad(e.to_string())),
+        Err(_) => {
+            return Err(bad(
+                "the tokenizers library could not read it (it panicked)".into(),
+            ));
+        }
+    };
+    // tokenizers takes some files it cannot use: a template post-processor
+    // whose special token is not in its table parses, then panics on the
+    // first encode. A probe with and without special tokens finds them here.
+    for add_special in [true, false] {
+        guarded("encoding a probe", || {
+            tokenizer.encode("Hello, world", add_special)
+        })
+        .map_err(|e| bad(format!("it cannot encode: {e}")))?;
+    }
+    Ok(tokenizer)
+}
+
+/// Runs a call into the `tokenizers` crate; its error or its panic (it
+/// indexes and `expect`s on what a malformed file left out) is an error.
+fn guarded<T>(what: &str, f: impl FnOnce() -> tokenizers::Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(RunnerError::Tokenizer(format!("{what}: {e}"))),
+        Err(_) => Err(RunnerError::Tokenizer(format!(
+            "{what}: the tokenizers library panicked (a malformed tokenizer.json)"
+        ))),
     }
 }
 
@@ -122,27 +146,21 @@ impl Tokenizer {
             Some(bos) => !text.starts_with(bos.as_str()),
             None => true,
         };
-        let encoding = self
-            .inner
-            .encode(text, add_special)
-            .map_err(|e| RunnerError::Tokenizer(format!("encoding the prompt: {e}")))?;
+        let encoding = guarded("encoding the prompt", || {
+            self.inner.encode(text, add_special)
+        })?;
         Ok(encoding.get_ids().to_vec())
     }
 
     /// Tokenizes text, with or without the tokenizer's special tokens (BOS).
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
-        let encoding = self
-            .inner
-            .encode(text, add_special)
-            .map_err(|e| RunnerError::Tokenizer(format!("encoding: {e}")))?;
+        let encoding = guarded("encoding", || self.inner.encode(text, add_special))?;
         Ok(encoding.get_ids().to_vec())
     }
 
     /// Decodes ids to text, special tokens included.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner
-            .decode(ids, false)
-            .map_err(|e| RunnerError::Tokenizer(format!("decoding: {e}")))
+        guarded("decoding", || self.inner.decode(ids, false))
     }
 
     /// The id of a token, if the vocabulary has it.
@@ -184,5 +202,24 @@ mod tests {
         // Valid JSON that tokenizers cannot use is an error too.
         std::fs::write(dir.path().join("tokenizer.json"), r#"{"decoder": 3}"#).unwrap();
         assert!(Tokenizer::load(dir.path(), &Value::Null).is_err());
+    }
+
+    /// Found by fuzzing: a template post-processor that names a special
+    /// token missing from its table parses, then tokenizers 0.22 panics
+    /// ("no entry found for key") on the first encode. An error at load.
+    #[test]
+    fn a_template_with_a_missing_special_token_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = r#"{"version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+            "post_processor": {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {}},
+            "decoder": null,
+            "model": {"type": "WordLevel", "vocab": {"Hello": 0, ",": 1, "world": 2, "<unk>": 3}, "unk_token": "<unk>"}}"#;
+        std::fs::write(dir.path().join("tokenizer.json"), text).unwrap();
+        let err = Tokenizer::load(dir.path(), &Value::Null).err().unwrap();
+        assert!(err.to_string().contains("cannot encode"), "{err}");
     }
 }
