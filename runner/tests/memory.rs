@@ -154,9 +154,14 @@ fn batched_memory_invariant_holds_with_experts() {
 }
 
 /// The same with recurrent layers, whose states and checkpoints count as KV.
+/// Within a step the slack is larger, as with a quantized cache: in a
+/// process of its own (each test has one under cargo-nextest) the worst
+/// step held 73,228 and 76,056 bytes in two runs, with the convolution's and
+/// the delta-net's per-row buffers rebuilt for the batch; when idle it is
+/// held to SLACK after every round, so it does not grow across requests.
 #[test]
 fn batched_memory_invariant_holds_with_recurrent_layers() {
-    batched_invariant("qwen3-next-f32");
+    batched_invariant_with("qwen3-next-f32", None, 2 * SLACK, false);
 }
 
 fn batched_invariant(name: &str) {
