@@ -88,8 +88,8 @@ fn describe(cmd: &Command) -> String {
     for a in cmd.get_args() {
         let a = a.to_string_lossy();
         s.push(' ');
-        if a.len() > 80 {
-            s.push_str(&a[..a.floor_char_boundary(80)]);
+        if a.chars().count() > 80 {
+            s.extend(a.chars().take(80));
             s.push_str("...");
         } else {
             s.push_str(&a);
