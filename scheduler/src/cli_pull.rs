@@ -3,7 +3,7 @@ use anyhow::{Result, bail};
 use grove_proto::v1 as pb;
 
 use crate::pull_rpc::from_message;
-use crate::store::{HubToken, ProgressBar};
+use crate::store::{HubToken, ProgressBar, truthy};
 
 /// The hub settings of this shell that the daemon should use for its pull:
 /// `HF_ENDPOINT`, the token (`HF_TOKEN`, else the token file, as
@@ -15,12 +15,7 @@ pub fn hub_settings(get: &dyn Fn(&str) -> Option<String>) -> Option<pb::HubSetti
     let offline = ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"]
         .iter()
         .filter_map(|k| get(k))
-        .map(|v| {
-            matches!(
-                v.trim().to_ascii_uppercase().as_str(),
-                "1" | "ON" | "YES" | "TRUE"
-            )
-        })
+        .map(|v| truthy(&v))
         .reduce(|a, b| a || b);
     let hub = pb::HubSettings {
         endpoint,

@@ -10,6 +10,7 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
+use crate::store::hub::endpoint_url;
 use crate::store::{
     HubToken, ModelRef, Progress, PullOptions, Store, StoreError, pull as store_pull,
 };
@@ -145,14 +146,7 @@ pub fn pull_options(hub: Option<&pb::HubSettings>) -> Result<PullOptions, Status
     };
     if let Some(endpoint) = &hub.endpoint {
         let endpoint = endpoint.trim().trim_end_matches('/');
-        let url = reqwest::Url::parse(endpoint).map_err(|e| {
-            Status::invalid_argument(format!("hub endpoint {endpoint:?} is not a URL: {e}"))
-        })?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(Status::invalid_argument(format!(
-                "hub endpoint {endpoint:?} is not an http(s) URL"
-            )));
-        }
+        endpoint_url(endpoint).map_err(|e| Status::invalid_argument(e.to_string()))?;
         opts.endpoint = endpoint.to_string();
     }
     if let Some(token) = &hub.token {

@@ -457,16 +457,8 @@ async fn interactive_chat_session() -> Result<()> {
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
-    // SAFETY: prctl is async-signal-safe; it only sets the child's
-    // parent-death signal between fork and exec.
-    unsafe {
-        child.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
+    grove_tests::proc::own_group(child.as_std_mut());
     let mut child = child.spawn()?;
     let _group = grove_tests::proc::KillOnDrop(child.id().context("pid")?);
     let mut stdin = child.stdin.take().context("stdin")?;

@@ -99,17 +99,24 @@ pub struct HubClient {
 
 const MAX_REDIRECTS: usize = 10;
 
+/// A hub endpoint as a URL: `http://` or `https://` with a host, no
+/// trailing slash.
+pub fn endpoint_url(endpoint: &str) -> Result<Url> {
+    let bad = |d: String| StoreError::Config(format!("HF_ENDPOINT {endpoint:?}: {d}"));
+    let mut url = Url::parse(endpoint.trim_end_matches('/')).map_err(|e| bad(e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(bad("must be an http:// or https:// URL".into()));
+    }
+    if let Ok(mut segs) = url.path_segments_mut() {
+        segs.pop_if_empty();
+    }
+    Ok(url)
+}
+
 impl HubClient {
     /// A client for `endpoint` (`http://` or `https://`).
     pub fn new(endpoint: &str, token: Option<HubToken>) -> Result<HubClient> {
-        let bad = |d: String| StoreError::Config(format!("HF_ENDPOINT {endpoint:?}: {d}"));
-        let mut url = Url::parse(endpoint.trim_end_matches('/')).map_err(|e| bad(e.to_string()))?;
-        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-            return Err(bad("must be an http:// or https:// URL".into()));
-        }
-        if let Ok(mut segs) = url.path_segments_mut() {
-            segs.pop_if_empty();
-        }
+        let url = endpoint_url(endpoint)?;
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_secs(10))

@@ -50,4 +50,4 @@ pub use hub::{HubClient, HubToken};
 pub use name::{ModelName, ModelRef};
 pub use ollama::{OllamaName, OllamaStore};
 pub use progress::ProgressBar;
-pub use pull::{Progress, PullOptions, pull};
+pub use pull::{Progress, PullOptions, pull, truthy};

@@ -77,14 +77,7 @@ impl PullOptions {
 
     /// [`PullOptions::from_env`] over any variable lookup.
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> PullOptions {
-        let truthy = |k: &str| {
-            get(k).is_some_and(|v| {
-                matches!(
-                    v.trim().to_ascii_uppercase().as_str(),
-                    "1" | "ON" | "YES" | "TRUE"
-                )
-            })
-        };
+        let truthy = |k: &str| get(k).is_some_and(|v| truthy(&v));
         PullOptions {
             endpoint: get("HF_ENDPOINT")
                 .filter(|e| !e.trim().is_empty())
@@ -95,6 +88,15 @@ impl PullOptions {
             ..PullOptions::default()
         }
     }
+}
+
+/// Whether a flag variable (`HF_HUB_OFFLINE`) is on, as huggingface_hub
+/// reads it: 1, ON, YES or TRUE, in any case.
+pub fn truthy(value: &str) -> bool {
+    matches!(
+        value.trim().to_ascii_uppercase().as_str(),
+        "1" | "ON" | "YES" | "TRUE"
+    )
 }
 
 /// A pull's progress, in order: `Resolved`, then per file `FileStart`,
