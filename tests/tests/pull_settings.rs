@@ -211,6 +211,23 @@ async fn each_pull_reaches_the_hub_its_client_names_with_its_token() -> Result<(
         reply.body
     );
     reached_with(&two, "org-two/later", "hf_token_two")?;
+    // /api/show reads the local store only: a hub object there is accepted
+    // and changes nothing.
+    let body = serde_json::json!({"model": "org-two/later", "hub": {"token": "hf_token_two"}});
+    let reply = grove_tests::http::send(
+        &d.addr,
+        "POST",
+        "/api/show",
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    )
+    .await?;
+    ensure!(
+        reply.status == 200,
+        "/api/show: {} {}",
+        reply.status,
+        reply.body
+    );
 
     // A bad endpoint is refused before anything starts.
     let err = c

@@ -401,7 +401,7 @@ async fn ps(State(api): State<Arc<Api>>) -> Response {
 
 async fn show(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) -> Response {
     let req: ModelRequest = tri!(parse(body));
-    let model = tri!(req.model_only().map_err(bad));
+    let model = tri!(req.model().map_err(bad));
     let s = match api.show(Request::new(pb::ShowRequest { model })).await {
         Ok(r) => r.into_inner(),
         Err(s) => return status_error(&s),
@@ -484,7 +484,7 @@ async fn pull(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) 
 
 async fn remove(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) -> Response {
     let req: ModelRequest = tri!(parse(body));
-    let model = tri!(req.model_only().map_err(bad));
+    let model = tri!(req.model().map_err(bad));
     match api.delete(Request::new(pb::DeleteRequest { model })).await {
         Ok(_) => (StatusCode::OK, "").into_response(),
         Err(s) => status_error(&s),

@@ -121,8 +121,9 @@ pub struct ModelRequest {
     pub insecure: Option<bool>,
     #[serde(default)]
     pub verbose: Option<bool>,
-    /// `/api/pull` only: the client's hub settings for this pull (Grove's
-    /// own field; ollama pulls from its registry).
+    /// The client's hub settings for a pull (Grove's own field; ollama pulls
+    /// from its registry). Show and delete read the local store only, so
+    /// there it is accepted and changes nothing.
     #[serde(default)]
     pub hub: Option<HubBody>,
 }
@@ -150,14 +151,6 @@ impl std::fmt::Debug for HubBody {
 }
 
 impl ModelRequest {
-    /// The model of a show or delete (where `hub` has no meaning).
-    pub fn model_only(&self) -> Result<String, String> {
-        if self.hub.is_some() {
-            return Err("hub applies to /api/pull only".into());
-        }
-        self.model()
-    }
-
     pub fn model(&self) -> Result<String, String> {
         if self.verbose == Some(true) {
             return Err(
