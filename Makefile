@@ -20,7 +20,7 @@ ifeq ($(UNAME_S),Darwin)
   export CMAKE := cmake
   SETUP_TARGETS := $(GROVE_HOME)/.py-stamp $(GROVE_HOME)/.mlx-c-stamp
 else
-  SETUP_TARGETS := $(GROVE_HOME)/.py-stamp $(GROVE_HOME)/.mlx-c-stamp
+  SETUP_TARGETS := $(GROVE_HOME)/.py-stamp $(GROVE_HOME)/.mlx-c-stamp $(GROVE_HOME)/.openblas-stamp
   ifeq ($(GROVE_BACKEND),cuda)
     # Built against the CPU wheel's headers (the ABI is the same); the binaries'
     # RUNPATH points at the CUDA wheel's libmlx.so.
@@ -53,6 +53,14 @@ $(GROVE_HOME)/.py-stamp:
 	@echo "setup: Python packages into $(PY_DIR)"
 	$(PIP) $(PY_DIR) mlx==$(MLX_VERSION) mlx-cpu==$(MLX_VERSION) mlx-lm==$(MLX_VERSION) \
 	  tokenizers cmake libclang gguf==0.19.0
+	@touch $@
+
+# OpenBLAS for MLX's float products on the CPU (libmlx.so's own BLAS is netlib's
+# reference one): PyPI's scipy-openblas32, bound in by mlx-link/cxx/blas_shim.c.
+$(GROVE_HOME)/.openblas-stamp:
+	@mkdir -p $(GROVE_HOME)
+	@echo "setup: OpenBLAS (scipy-openblas32) into $(PY_DIR)"
+	$(PIP) $(PY_DIR) scipy-openblas32==0.3.34.481.3
 	@touch $@
 
 # mlx-c's sources come from the registry's mlx-sys 0.7.0 package, fetched by cargo

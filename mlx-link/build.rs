@@ -8,8 +8,10 @@
 //!   `mlx-cuda-13` wheel.
 //! - `CMAKE`, `LIBCLANG_PATH`: the cmake binary and libclang (both from PyPI).
 //!
-//! Steps: 1. configure and build mlx-c with CMake; 2. tell rustc what to link;
-//! 3. run bindgen over every `mlx/c/*.h`.
+//! Steps: 1. configure and build mlx-c with CMake; 2. build Grove's CPU
+//! quantized-matmul primitive (`cxx/cpu_qmm.cpp`, its kernel once per
+//! instruction set) against the same MLX headers; 3. tell rustc what to link;
+//! 4. run bindgen over every `mlx/c/*.h`.
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -81,7 +83,15 @@ fn main() {
     };
     let dst = cfg.build();
 
-    // 2. Link: the static mlx-c, then MLX itself.
+    // 2. Grove's CPU primitive (Linux: built against the wheel's headers).
+    println!("cargo::rustc-check-cfg=cfg(grove_cpu_qmm)");
+    if let Some(lib) = &lib_dir {
+        build_cpu_qmm(&manifest, &mlx_c, &lib.with_file_name("include"));
+        println!("cargo:rustc-cfg=grove_cpu_qmm");
+        link_openblas(&manifest);
+    }
+
+    // 3. Link: the static mlx-c, then MLX itself.
     for sub in ["lib", "lib64", "build"] {
         println!("cargo:rustc-link-search=native={}", dst.join(sub).display());
     }
@@ -109,7 +119,7 @@ fn main() {
         }
     }
 
-    // 3. Bindings.
+    // 4. Bindings.
     let mut builder = bindgen::Builder::default()
         .clang_arg(format!("-I{}", mlx_c.display()))
         .blocklist_type("float16_t")
@@ -137,6 +147,90 @@ fn main() {
     bindings
         .write_to_file(out.join("bindings.rs"))
         .expect("writing bindings.rs into OUT_DIR");
+}
+
+/// `cxx/cpu_qmm.cpp` and its kernel (`cxx/qmm_kernel.h`) built once per
+/// instruction set, each into its own static library (flags are per build).
+fn build_cpu_qmm(manifest: &Path, mlx_c: &Path, mlx_include: &Path) {
+    let cxx = manifest.join("cxx");
+    for f in ["cpu_qmm.cpp", "qmm.h", "qmm_kernel.h", "qmm_base.cpp", "qmm_avx2.cpp", "qmm_avx512.cpp"] {
+        println!("cargo:rerun-if-changed=cxx/{f}");
+    }
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let base = |name: &str| {
+        let mut b = cc::Build::new();
+        b.cpp(true)
+            .std("c++20")
+            .opt_level(3)
+            .flag("-ffp-contract=fast")
+            .flag_if_supported("-Wno-psabi")
+            .flag_if_supported("-Wno-unused-parameter")
+            .flag_if_supported("-Wno-unused-variable")
+            .include(&cxx)
+            // GCC's own AVX-512 headers warn under -Wall (`__Y = __Y`).
+            .warnings(false);
+        (b, name.to_string())
+    };
+    let mut kernels = vec![base("grove_qmm_base")];
+    kernels[0].0.file(cxx.join("qmm_base.cpp"));
+    if arch == "x86_64" {
+        let (mut b, n) = base("grove_qmm_avx2");
+        b.file(cxx.join("qmm_avx2.cpp")).flag("-mavx2").flag("-mfma").flag("-mf16c");
+        kernels.push((b, n));
+        let (mut b, n) = base("grove_qmm_avx512");
+        b.file(cxx.join("qmm_avx512.cpp"))
+            .flag("-mavx512f")
+            .flag("-mavx512bw")
+            .flag("-mavx512vl")
+            .flag("-mfma");
+        kernels.push((b, n));
+    }
+    let (mut entry, name) = base("grove_cpu_qmm");
+    entry
+        .file(cxx.join("cpu_qmm.cpp"))
+        .include(mlx_include)
+        .include(mlx_c);
+    entry.compile(&name);
+    for (b, n) in kernels {
+        b.compile(&n);
+    }
+}
+
+/// Binds libmlx.so's CBLAS calls to OpenBLAS (`cxx/blas_shim.c`) when
+/// `GROVE_OPENBLAS_DIR` holds scipy-openblas32's `libscipy_openblas.so`
+/// (the Makefile installs it); without it MLX keeps its bundled netlib BLAS.
+/// Dependents read the directory as DEP_MLX_BLAS_DIR (for their RUNPATH).
+fn link_openblas(manifest: &Path) {
+    println!("cargo:rerun-if-env-changed=GROVE_OPENBLAS_DIR");
+    println!("cargo:rerun-if-changed=cxx/blas_shim.c");
+    let Some(dir) = env::var_os("GROVE_OPENBLAS_DIR").map(PathBuf::from) else {
+        println!("cargo:warning=GROVE_OPENBLAS_DIR is not set: MLX keeps its netlib BLAS");
+        return;
+    };
+    if !dir.join("libscipy_openblas.so").is_file() {
+        println!(
+            "cargo:warning={} has no libscipy_openblas.so: MLX keeps its netlib BLAS (run `make setup`)",
+            dir.display()
+        );
+        return;
+    }
+    cc::Build::new()
+        .file(manifest.join("cxx/blas_shim.c"))
+        .opt_level(2)
+        .cargo_metadata(false)
+        .compile("grove_blas");
+    let out = env::var("OUT_DIR").expect("cargo sets it");
+    println!("cargo:rustc-link-search=native={out}");
+    // Whole: nothing in Rust names these symbols; libmlx.so does.
+    println!("cargo:rustc-link-lib=static:+whole-archive=grove_blas");
+    println!("cargo:rustc-link-search=native={}", dir.display());
+    println!("cargo:rustc-link-lib=dylib=scipy_openblas");
+    println!("cargo:blas_dir={}", dir.display());
+    // This package's own test binary (dependents set their RUNPATH themselves).
+    println!(
+        "cargo:rustc-link-arg=-Wl,--enable-new-dtags,-rpath,{}",
+        dir.display()
+    );
 }
 
 /// The C compiler's own include directory (`cc -print-file-name=include`).

@@ -11,6 +11,8 @@ fn main() {
     let dirs = [
         std::env::var("GROVE_MLX_RUNTIME_LIB").ok(),
         std::env::var("DEP_MLX_LIB_DIR").ok(),
+        // OpenBLAS, which libmlx.so's float products are bound to (mlx-link).
+        std::env::var("DEP_MLX_BLAS_DIR").ok(),
     ];
     for dir in dirs.into_iter().flatten() {
         println!("cargo:rustc-link-arg=-Wl,--enable-new-dtags,-rpath,{dir}");

@@ -5,6 +5,9 @@
 //! - `bindings.rs` (in `OUT_DIR`): bindgen's output over every `mlx/c/*.h` header.
 //! - `float16_t`, `bfloat16_t`: the 16-bit float carriers, declared here because
 //!   the C headers only name them on aarch64.
+//! - `grove_cpu_qmm`, `grove_cpu_qmm_isa`, `grove_cpu_threads`: Grove's CPU
+//!   quantized-matmul primitive (`cxx/cpu_qmm.cpp`); where it is not built
+//!   (macOS, whose MLX comes from source) they report "not covered".
 //! - `mach_approximate_time`: the one Mach call mlx-rs makes (to seed
 //!   `RandomState::new`), supplied off Apple platforms.
 #![allow(non_upper_case_globals)]
@@ -32,4 +35,50 @@ pub extern "C" fn mach_approximate_time() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(grove_cpu_qmm)]
+unsafe extern "C" {
+    /// `*res = x @ dequant(w, scales, biases)^T` on the CPU stream `s` through
+    /// Grove's kernel: 0 done, 1 not a product it covers (`res` untouched), 2
+    /// an error building the graph.
+    pub fn grove_cpu_qmm(
+        res: *mut mlx_array,
+        x: mlx_array,
+        w: mlx_array,
+        scales: mlx_array,
+        biases: mlx_array,
+        group_size: ::std::os::raw::c_int,
+        bits: ::std::os::raw::c_int,
+        s: mlx_stream,
+    ) -> ::std::os::raw::c_int;
+    /// The kernel build in use: "avx512", "avx2", "sse2", "neon" or "portable".
+    pub fn grove_cpu_qmm_isa() -> *const ::std::os::raw::c_char;
+    /// The threads one product is split over.
+    pub fn grove_cpu_threads() -> ::std::os::raw::c_int;
+}
+
+/// Not built here: every product is left to MLX.
+#[cfg(not(grove_cpu_qmm))]
+pub unsafe fn grove_cpu_qmm(
+    _res: *mut mlx_array,
+    _x: mlx_array,
+    _w: mlx_array,
+    _scales: mlx_array,
+    _biases: mlx_array,
+    _group_size: ::std::os::raw::c_int,
+    _bits: ::std::os::raw::c_int,
+    _s: mlx_stream,
+) -> ::std::os::raw::c_int {
+    1
+}
+
+#[cfg(not(grove_cpu_qmm))]
+pub unsafe fn grove_cpu_qmm_isa() -> *const ::std::os::raw::c_char {
+    c"none".as_ptr()
+}
+
+#[cfg(not(grove_cpu_qmm))]
+pub unsafe fn grove_cpu_threads() -> ::std::os::raw::c_int {
+    1
 }

@@ -66,6 +66,9 @@ pub fn quantized_matmul_with(x: &Array, q: &QuantRef, transpose: bool) -> Result
     if transpose && let Some(out) = super::cuda_qmv::qmv(x, q) {
         return out;
     }
+    if transpose && let Some(out) = super::cpu_qmm::qmm(x, q) {
+        return out;
+    }
     if q.params.mode == QuantMode::Affine {
         return mlx_rs::ops::quantized_matmul(
             x,

@@ -1,0 +1,37 @@
+// The shared description of one quantized product for Grove's CPU kernel
+// (qmm_kernel.h) and the entry points of its per-instruction-set builds.
+#pragma once
+#include <cstdint>
+
+namespace grove_qmm {
+
+struct Args {
+  const float* x;  // M x K, row-contiguous
+  const uint8_t* w;  // N rows of K*bits/8 bytes
+  const float* scales;  // N x K/group_size
+  const float* biases;  // N x K/group_size
+  float* out;  // M x N
+  int M, K, N, bits, group_size;
+};
+
+// Weight rows dequantized at a time when x has 4 rows or more, and the most
+// values of a row at a time (a multiple of every group size).
+constexpr int BLOCK_ROWS = 16;
+constexpr int BLOCK_K = 1024;
+
+// Values of a row dequantized at a time for this product.
+inline int block_k(const Args& a) {
+  return a.K < BLOCK_K ? a.K : BLOCK_K;
+}
+
+// Floats of scratch one call of `rows` needs.
+inline long scratch_floats(const Args& a) {
+  return (long)BLOCK_ROWS * block_k(a);
+}
+
+// out[:, n0:n1] for one build each; only those the CPU can run are called.
+namespace avx512 { void rows(const Args& a, int n0, int n1, float* scratch); }
+namespace avx2 { void rows(const Args& a, int n0, int n1, float* scratch); }
+namespace base { void rows(const Args& a, int n0, int n1, float* scratch); }
+
+}  // namespace grove_qmm

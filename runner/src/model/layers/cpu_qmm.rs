@@ -1,0 +1,88 @@
+//! Grove's quantized matmul for MLX's CPU backend (`mlx-link/cxx/cpu_qmm.cpp`):
+//! an MLX primitive, so the product stays in the lazy graph like MLX's own,
+//! whose kernel reads MLX's affine 4- and 8-bit layout directly (AVX-512,
+//! AVX2+FMA or the baseline build, picked at run time), split over
+//! `GROVE_CPU_THREADS` threads (default: the cores this process may use).
+//! MLX 0.32.2's CPU kernel runs on one thread at ~2 GFLOP/s.
+//!
+//! It computes what `quantized_matmul(x, w, scales, biases, transpose=true)`
+//! does for float32 x, as (scale * q + bias) * x in float32; only the order of
+//! the sums differs (vector lanes, fused multiply-adds), so results agree with
+//! MLX's within float32 rounding (tests/cpu_qmm.rs). Everything else (other
+//! modes and bits, half-precision x, `x @ W`, GPUs) keeps MLX's kernels, as
+//! does every product when `GROVE_CPU_KERNELS=mlx`.
+use std::ffi::CStr;
+use std::sync::OnceLock;
+
+use mlx_rs::error::Exception;
+use mlx_rs::{Array, Stream};
+
+use super::quant_ops::QuantRef;
+use crate::model::config::QuantMode;
+
+/// Whether Grove's kernel is used for the products it covers: on the CPU
+/// backend unless `GROVE_CPU_KERNELS=mlx`.
+pub fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        let mlx = std::env::var("GROVE_CPU_KERNELS").is_ok_and(|v| v == "mlx");
+        !mlx && crate::model::dtypes::cpu_backend()
+    })
+}
+
+/// The kernel build in use and the threads a product is split over (for
+/// logs and benchmarks), or `None` when MLX's kernels are used.
+pub fn describe() -> Option<(String, i32)> {
+    if !enabled() {
+        return None;
+    }
+    // SAFETY: both return static data (a C string literal, an int).
+    unsafe {
+        let isa = CStr::from_ptr(mlx_sys::grove_cpu_qmm_isa());
+        Some((isa.to_string_lossy().into_owned(), mlx_sys::grove_cpu_threads()))
+    }
+}
+
+/// `x @ W^T` through Grove's kernel when it covers this product, else `None`
+/// (the caller uses MLX's kernel).
+pub fn qmm(x: &Array, q: &QuantRef) -> Option<Result<Array, Exception>> {
+    if !enabled() || q.params.mode != QuantMode::Affine {
+        return None;
+    }
+    qmm_always(x, q)
+}
+
+/// As [`qmm`] whatever `GROVE_CPU_KERNELS` says (the tests compare the two
+/// kernels in one process).
+pub fn qmm_always(x: &Array, q: &QuantRef) -> Option<Result<Array, Exception>> {
+    let biases = q.biases?;
+    let stream = Stream::thread_local_or_default();
+    // SAFETY: the inputs are live arrays and `res` a fresh handle; on status 0
+    // the result is owned by the returned Array, otherwise it is freed here.
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::grove_cpu_qmm(
+            &mut res,
+            x.as_ptr(),
+            q.weight.as_ptr(),
+            q.scales.as_ptr(),
+            biases.as_ptr(),
+            q.params.group_size,
+            q.params.bits,
+            stream.as_ptr(),
+        );
+        match status {
+            0 => Some(Ok(Array::from_ptr(res))),
+            1 => {
+                mlx_sys::mlx_array_free(res);
+                None
+            }
+            _ => {
+                mlx_sys::mlx_array_free(res);
+                Some(Err(Exception::custom(
+                    "Grove's CPU quantized matmul failed to build its graph node",
+                )))
+            }
+        }
+    }
+}
