@@ -154,7 +154,20 @@ fuzz: build fixtures
 # $(DEFAULT_MODEL) for the real one (minutes on a CPU: mlx-lm decodes it at ~4 tok/s).
 BATCHED_MODELS ?= $(FIXTURES)/qwen3-f32 $(FIXTURES)/llama-q4
 BATCHED_STREAMS ?= 1,2,4,8
-bench: build fixtures default-model
+# llama.cpp's own server as a Python extension (PyPI's xllamacpp), for the CPU
+# table: Grove and llama.cpp on the same GGUF files in one run.
+BENCH_PY := $(GROVE_HOME)/bench-py
+$(GROVE_HOME)/.bench-stamp:
+	@mkdir -p $(GROVE_HOME)
+	@echo "setup: llama.cpp (xllamacpp) into $(BENCH_PY)"
+	$(PIP) $(BENCH_PY) xllamacpp==2026.10.11549
+	@touch $@
+
+CPU_BENCH_GGUF := "SmolLM2-135M Q4_1=$(DEFAULT_GGUF)" \
+  "Gemma3-270M Q4_K_M=$(REAL)/gemma-3-270m-q4_k_m.gguf"
+bench: build fixtures default-model $(GROVE_HOME)/.bench-stamp
+	PYTHONPATH="$(PY_DIR):$(BENCH_PY)" $(PYTHON) tests/bench/cpu.py --runner $(BIN)/grove-runner \
+	  $(foreach g,$(CPU_BENCH_GGUF),--gguf $(g)) --llama-1b $(GROVE_HOME)/bench-models
 	$(PYTHON) tests/bench/bench.py --runner $(BIN)/grove-runner --fixtures $(FIXTURES)
 	$(PYTHON) tests/bench/real.py --runner $(BIN)/grove-runner --model $(DEFAULT_MODEL)
 	$(PYTHON) tests/bench/batched.py --bench $(BIN)/grove-batch-bench --streams $(BATCHED_STREAMS) \
