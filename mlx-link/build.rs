@@ -182,7 +182,8 @@ fn build_cpu_qmm(manifest: &Path, mlx_c: &Path, mlx_include: &Path) {
             .flag("-mavx512f")
             .flag("-mavx512bw")
             .flag("-mavx512vl")
-            .flag("-mfma");
+            .flag("-mfma")
+            .flag("-mf16c");
         kernels.push((b, n));
     }
     let (mut entry, name) = base("grove_cpu_qmm");

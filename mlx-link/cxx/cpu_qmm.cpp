@@ -6,8 +6,8 @@
 // order with the ops around it, and its buffers are MLX's. Its `eval_cpu`
 // splits the output rows over a small pool of threads that spin briefly
 // between products (a decode step is hundreds of small products back to
-// back) and then sleep; the kernel itself is qmm_kernel.h, built for AVX-512,
-// AVX2+FMA and the baseline, the best the CPU reports picked at first use.
+// back) and then sleep; the kernel itself is qmm_kernel.h, built for AVX2+FMA,
+// AVX-512 and the baseline, picked at first use (see pick_isa).
 //
 // Covered: MLX affine quantization, 4 or 8 bits, groups of 32/64/128, a
 // float32 x, float32/float16/bfloat16 scales and biases, `x @ W^T` with W 2-D.
@@ -54,7 +54,11 @@ Isa pick_isa() {
   __builtin_cpu_init();
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx512 && (want.empty() || want == "avx512")) return {grove_qmm::avx512::rows, "avx512"};
+  // AVX-512 only when asked for: on the Xeon (Sapphire Rapids class) this was
+  // measured on, its build was slower than AVX2's on every path (decode from
+  // memory 8.2 vs 8.8 Gweights/s per thread, from L2 11 vs 13, prefill 65 vs
+  // 85 GFLOP/s), as its wider units run at a lower clock.
+  if (avx512 && want == "avx512") return {grove_qmm::avx512::rows, "avx512"};
   if (avx2 && (want.empty() || want == "avx512" || want == "avx2"))
     return {grove_qmm::avx2::rows, "avx2"};
   return {grove_qmm::base::rows, "sse2"};
@@ -225,20 +229,14 @@ const T* row_major(const array& a, std::vector<T>& tmp) {
   return tmp.data();
 }
 
-// Scales or biases as float32 (`tmp` holds a converted copy when needed).
-const float* as_float(const array& a, std::vector<float>& tmp) {
-  if (a.dtype() == float32) return row_major<float>(a, tmp);
-  tmp.resize(a.size());
-  if (a.dtype() == float16) {
-    std::vector<float16_t> h;
-    const float16_t* p = row_major<float16_t>(a, h);
-    for (size_t i = 0; i < a.size(); i++) tmp[i] = static_cast<float>(p[i]);
-  } else {
-    std::vector<bfloat16_t> h;
-    const bfloat16_t* p = row_major<bfloat16_t>(a, h);
-    for (size_t i = 0; i < a.size(); i++) tmp[i] = static_cast<float>(p[i]);
-  }
-  return tmp.data();
+// Scales or biases as stored (a row-major copy only when strided).
+const void* scale_data(const array& a, std::vector<float>& f32, std::vector<uint16_t>& f16) {
+  if (a.dtype() == float32) return row_major<float>(a, f32);
+  return row_major<uint16_t>(a, f16);
+}
+
+int scale_type(Dtype d) {
+  return d == float32 ? grove_qmm::F32 : d == float16 ? grove_qmm::F16 : grove_qmm::BF16;
 }
 
 // ---- 4. The primitive -----------------------------------------------------------
@@ -260,6 +258,7 @@ class GroveQuantizedMatmul : public UnaryPrimitive {
                       biases = array::unsafe_weak_copy(inputs[3]),
                       gs = group_size_, bits = bits_]() mutable {
       std::vector<float> xt, st, bt;
+      std::vector<uint16_t> sh, bh;
       std::vector<uint32_t> wt;
       Args a;
       a.K = x.shape(-1);
@@ -269,8 +268,9 @@ class GroveQuantizedMatmul : public UnaryPrimitive {
       a.group_size = gs;
       a.x = row_major<float>(x, xt);
       a.w = reinterpret_cast<const uint8_t*>(row_major<uint32_t>(w, wt));
-      a.scales = as_float(scales, st);
-      a.biases = as_float(biases, bt);
+      a.scales = scale_data(scales, st, sh);
+      a.biases = scale_data(biases, bt, bh);
+      a.scale_type = scale_type(scales.dtype());
       a.out = out.data<float>();
       if (a.M > 0 && a.N > 0) compute(a);
     });
@@ -337,6 +337,7 @@ int grove_cpu_qmm(
     for (const array* p : {&sa, &ba}) {
       if (!float_type(p->dtype()) || p->shape() != groups) return 1;
     }
+    if (sa.dtype() != ba.dtype()) return 1;
     Shape out_shape = xa.shape();
     out_shape.back() = n;
     array out(

@@ -5,11 +5,16 @@
 
 namespace grove_qmm {
 
+enum ScaleType { F32 = 0, F16 = 1, BF16 = 2 };
+
 struct Args {
   const float* x;  // M x K, row-contiguous
   const uint8_t* w;  // N rows of K*bits/8 bytes
-  const float* scales;  // N x K/group_size
-  const float* biases;  // N x K/group_size
+  // N x K/group_size each, of `scale_type`: read as they are stored (no
+  // per-call conversion; float16 ones are half the bytes to read).
+  const void* scales;
+  const void* biases;
+  int scale_type;  // ScaleType
   float* out;  // M x N
   int M, K, N, bits, group_size;
 };

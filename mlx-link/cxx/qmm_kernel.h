@@ -9,7 +9,7 @@
 //
 // Two paths, both computing every product as (scale*q + bias) * x in float32,
 // as MLX's kernel does (only the order of the sums differs):
-// - rows of x < 4 (decode): each output row's weights are dequantized in
+// - rows of x < 4 (decode): 4 rows of W at a time are dequantized in
 //   registers and used for every row of x at once; the matrix is read once.
 // - more rows (prefill, batches): a block of weight rows is dequantized into a
 //   float buffer (in cache) and multiplied by register tiles of 3 rows of x
@@ -53,10 +53,57 @@ static inline vf splat(float s) {
   return vf{} + s;
 }
 
+// The sum of a vector's lanes by halving (log2(VL) adds, not VL in a chain).
 static inline float hsum(vf v) {
-  float s = 0.0f;
-  for (int i = 0; i < VL; i++) s += v[i];
-  return s;
+#if GROVE_VL == 16
+  typedef float v8 __attribute__((vector_size(32)));
+  const v8 h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+  const vf h = v;
+#endif
+  typedef float v4 __attribute__((vector_size(16)));
+  const v4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  const v4 p = q + __builtin_shufflevector(q, q, 2, 3, 0, 1);
+  return p[0] + p[1];
+}
+
+// IEEE half to float, in software (the baseline build; x86 builds use F16C).
+static inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    exp = 113;
+    while (!(man & 0x400)) {
+      man <<= 1;
+      exp--;
+    }
+    bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+// Element i of a scales or biases array, as float.
+static inline float scale_at(const void* p, int64_t i, int type) {
+  if (type == F32) return static_cast<const float*>(p)[i];
+  const uint16_t h = static_cast<const uint16_t*>(p)[i];
+  if (type == F16) return half_to_float(h);
+  const uint32_t bits = (uint32_t)h << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
 }
 
 // VL weights starting at value `k` of a packed row (k a multiple of VL).
@@ -109,38 +156,44 @@ static inline vf weights(const uint8_t* row, int k) {
 #endif
 }
 
-// Decode: out[m, n] for MR rows of x and the rows [n0, n1) of W.
-template <int BITS, int MR>
-static void matvec(const Args& a, int m0, int n0, int n1) {
+// Decode: out[m0..m0+MR, n..n+NR): NR rows of W at once share each load of
+// x and give NR*MR independent sums.
+template <int BITS, int MR, int NR>
+static inline void matvec_rows(const Args& a, int m0, int n) {
   const int K = a.K, gs = a.group_size, groups = K / gs;
   const int row_bytes = K * BITS / 8;
   const float* x[MR];
   for (int r = 0; r < MR; r++) x[r] = a.x + (int64_t)(m0 + r) * K;
-  for (int n = n0; n < n1; n++) {
-    const uint8_t* w = a.w + (int64_t)n * row_bytes;
-    const float* s = a.scales + (int64_t)n * groups;
-    const float* b = a.biases + (int64_t)n * groups;
-    // U independent sums per row of x (one per vector of a 32-value chunk),
-    // so the adds do not wait on each other's latency.
-    constexpr int U = 32 / VL;
-    vf acc[MR][U];
-    for (int r = 0; r < MR; r++)
-      for (int u = 0; u < U; u++) acc[r][u] = vf{};
-    for (int g = 0; g < groups; g++) {
-      const vf sv = splat(s[g]), bv = splat(b[g]);
-      for (int k = g * gs; k < (g + 1) * gs; k += 32) {
-        for (int u = 0; u < U; u++) {
-          const vf wv = weights<BITS>(w, k + u * VL) * sv + bv;
-          for (int r = 0; r < MR; r++) acc[r][u] += wv * load(x[r] + k + u * VL);
-        }
+  const uint8_t* w[NR];
+  for (int c = 0; c < NR; c++) w[c] = a.w + (int64_t)(n + c) * row_bytes;
+  vf acc[MR][NR];
+  for (int r = 0; r < MR; r++)
+    for (int c = 0; c < NR; c++) acc[r][c] = vf{};
+  for (int g = 0; g < groups; g++) {
+    vf sv[NR], bv[NR];
+    for (int c = 0; c < NR; c++) {
+      const int64_t i = (int64_t)(n + c) * groups + g;
+      sv[c] = splat(scale_at(a.scales, i, a.scale_type));
+      bv[c] = splat(scale_at(a.biases, i, a.scale_type));
+    }
+    for (int k = g * gs; k < (g + 1) * gs; k += VL) {
+      vf xv[MR];
+      for (int r = 0; r < MR; r++) xv[r] = load(x[r] + k);
+      for (int c = 0; c < NR; c++) {
+        const vf wv = weights<BITS>(w[c], k) * sv[c] + bv[c];
+        for (int r = 0; r < MR; r++) acc[r][c] += wv * xv[r];
       }
     }
-    for (int r = 0; r < MR; r++) {
-      vf t = acc[r][0];
-      for (int u = 1; u < U; u++) t += acc[r][u];
-      a.out[(int64_t)(m0 + r) * a.N + n] = hsum(t);
-    }
   }
+  for (int r = 0; r < MR; r++)
+    for (int c = 0; c < NR; c++) a.out[(int64_t)(m0 + r) * a.N + n + c] = hsum(acc[r][c]);
+}
+
+template <int BITS, int MR>
+static void matvec(const Args& a, int m0, int n0, int n1) {
+  int n = n0;
+  for (; n + 4 <= n1; n += 4) matvec_rows<BITS, MR, 4>(a, m0, n);
+  for (; n < n1; n++) matvec_rows<BITS, MR, 1>(a, m0, n);
 }
 
 // Rows [n0, n0+rows) of W, values [k0, k0+kb), dequantized into buf (rows x kb).
@@ -151,12 +204,12 @@ static void dequant_block(const Args& a, int n0, int rows, int k0, int kb, float
   for (int i = 0; i < rows; i++) {
     const int n = n0 + i;
     const uint8_t* w = a.w + (int64_t)n * row_bytes;
-    const float* s = a.scales + (int64_t)n * groups;
-    const float* b = a.biases + (int64_t)n * groups;
+    const int64_t g0 = (int64_t)n * groups;
     float* dst = buf + (int64_t)i * kb;
     for (int k = k0; k < k0 + kb; k += VL) {
       const int g = k / a.group_size;
-      const vf v = weights<BITS>(w, k) * splat(s[g]) + splat(b[g]);
+      const vf v = weights<BITS>(w, k) * splat(scale_at(a.scales, g0 + g, a.scale_type)) +
+                   splat(scale_at(a.biases, g0 + g, a.scale_type));
       std::memcpy(dst + (k - k0), &v, sizeof(v));
     }
   }

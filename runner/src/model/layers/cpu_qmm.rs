@@ -1,7 +1,8 @@
 //! Grove's quantized matmul for MLX's CPU backend (`mlx-link/cxx/cpu_qmm.cpp`):
 //! an MLX primitive, so the product stays in the lazy graph like MLX's own,
-//! whose kernel reads MLX's affine 4- and 8-bit layout directly (AVX-512,
-//! AVX2+FMA or the baseline build, picked at run time), split over
+//! whose kernel reads MLX's affine 4- and 8-bit layout directly (its AVX2+FMA
+//! build where the CPU has it, else the baseline; AVX-512 on request with
+//! `GROVE_CPU_ISA=avx512`), split over
 //! `GROVE_CPU_THREADS` threads (default: the cores this process may use).
 //! MLX 0.32.2's CPU kernel runs on one thread at ~2 GFLOP/s.
 //!
