@@ -163,8 +163,8 @@ $(GROVE_HOME)/.bench-stamp:
 	$(PIP) $(BENCH_PY) xllamacpp==2026.10.11549
 	@touch $@
 
-CPU_BENCH_GGUF := "SmolLM2-135M Q4_1=$(DEFAULT_GGUF)" \
-  "Gemma3-270M Q4_K_M=$(REAL)/gemma-3-270m-q4_k_m.gguf"
+CPU_BENCH_GGUF := SmolLM2-135M-Q4_1=$(DEFAULT_GGUF) \
+  Gemma3-270M-Q4_K_M=$(REAL)/gemma-3-270m-q4_k_m.gguf
 bench: build fixtures default-model $(GROVE_HOME)/.bench-stamp
 	PYTHONPATH="$(PY_DIR):$(BENCH_PY)" $(PYTHON) tests/bench/cpu.py --runner $(BIN)/grove-runner \
 	  $(foreach g,$(CPU_BENCH_GGUF),--gguf $(g)) --llama-1b $(GROVE_HOME)/bench-models
