@@ -153,7 +153,14 @@ fn main() {
 /// instruction set, each into its own static library (flags are per build).
 fn build_cpu_qmm(manifest: &Path, mlx_c: &Path, mlx_include: &Path) {
     let cxx = manifest.join("cxx");
-    for f in ["cpu_qmm.cpp", "qmm.h", "qmm_kernel.h", "qmm_base.cpp", "qmm_avx2.cpp", "qmm_avx512.cpp"] {
+    for f in [
+        "cpu_qmm.cpp",
+        "qmm.h",
+        "qmm_kernel.h",
+        "qmm_base.cpp",
+        "qmm_avx2.cpp",
+        "qmm_avx512.cpp",
+    ] {
         println!("cargo:rerun-if-changed=cxx/{f}");
     }
     let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
@@ -175,7 +182,10 @@ fn build_cpu_qmm(manifest: &Path, mlx_c: &Path, mlx_include: &Path) {
     kernels[0].0.file(cxx.join("qmm_base.cpp"));
     if arch == "x86_64" {
         let (mut b, n) = base("grove_qmm_avx2");
-        b.file(cxx.join("qmm_avx2.cpp")).flag("-mavx2").flag("-mfma").flag("-mf16c");
+        b.file(cxx.join("qmm_avx2.cpp"))
+            .flag("-mavx2")
+            .flag("-mfma")
+            .flag("-mf16c");
         kernels.push((b, n));
         let (mut b, n) = base("grove_qmm_avx512");
         b.file(cxx.join("qmm_avx512.cpp"))

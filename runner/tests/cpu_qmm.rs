@@ -63,8 +63,8 @@ fn check(c: &Case, seed: u64) {
             mode: QuantMode::Affine,
         },
     };
-    let mlx = mlx_rs::ops::quantized_matmul(&x, &wq, &scales, &biases, true, c.group, c.bits)
-        .unwrap();
+    let mlx =
+        mlx_rs::ops::quantized_matmul(&x, &wq, &scales, &biases, true, c.group, c.bits).unwrap();
     let ours = cpu_qmm::qmm_always(&x, &q)
         .unwrap_or_else(|| panic!("{what}: not covered"))
         .unwrap();

@@ -205,7 +205,9 @@ fn load_parts_sharded(
         gemma3::take_text_part(&mut tensors);
         quantization = quantization.strip_prefix(gemma3::TEXT_PREFIX);
     }
-    let dtypes = dtypes::apply(&mut tensors, policy, dtypes::cpu_backend())?;
+    let dtypes = dtypes::apply(&mut tensors, policy, dtypes::cpu_backend(), |module| {
+        layers::cpu_qmm::reads_half_scales(module, quantization.for_layer(module))
+    })?;
     let mut weights = Weights::from_map(tensors);
     let path = path.to_owned();
     let has_lm_head = weights.contains("lm_head.weight");

@@ -19,7 +19,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::{Array, Stream};
 
 use super::quant_ops::QuantRef;
-use crate::model::config::QuantMode;
+use crate::model::config::{QuantMode, QuantParams};
 
 /// Whether Grove's kernel is used for the products it covers: on the CPU
 /// backend unless `GROVE_CPU_KERNELS=mlx`.
@@ -40,8 +40,29 @@ pub fn describe() -> Option<(String, i32)> {
     // SAFETY: both return static data (a C string literal, an int).
     unsafe {
         let isa = CStr::from_ptr(mlx_sys::grove_cpu_qmm_isa());
-        Some((isa.to_string_lossy().into_owned(), mlx_sys::grove_cpu_threads()))
+        Some((
+            isa.to_string_lossy().into_owned(),
+            mlx_sys::grove_cpu_threads(),
+        ))
     }
+}
+
+/// Whether the module at `module`, packed with `params`, keeps half-precision
+/// scales and biases on the CPU backend: its products are Grove's kernel's
+/// (affine 4/8-bit, groups of 32/64/128), which reads them as stored.
+/// Embedding tables are not: their rows are looked up by MLX's `dequantize`,
+/// whose output would be half precision.
+pub fn reads_half_scales(module: &str, params: Option<QuantParams>) -> bool {
+    let Some(p) = params else {
+        return false;
+    };
+    let last = module.rsplit('.').next().unwrap_or(module);
+    enabled()
+        && p.mode == QuantMode::Affine
+        && matches!(p.bits, 4 | 8)
+        && matches!(p.group_size, 32 | 64 | 128)
+        && !last.contains("embed")
+        && !matches!(last, "wte" | "tok_embeddings")
 }
 
 /// `x @ W^T` through Grove's kernel when it covers this product, else `None`
