@@ -163,47 +163,40 @@ fn build_cpu_qmm(manifest: &Path, mlx_c: &Path, mlx_include: &Path) {
     ] {
         println!("cargo:rerun-if-changed=cxx/{f}");
     }
-    let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
-    let base = |name: &str| {
+    // One static library per build: flags are per build, and the entry
+    // point (which names the kernels) links before them.
+    let compile = |file: &str, lib: &str, flags: &[&str], includes: &[&Path]| {
         let mut b = cc::Build::new();
         b.cpp(true)
             .std("c++20")
             .opt_level(3)
             .flag("-ffp-contract=fast")
+            // GCC notes (not warns) that 32-byte vector arguments changed ABI in 4.6.
             .flag_if_supported("-Wno-psabi")
-            .flag_if_supported("-Wno-unused-parameter")
-            .flag_if_supported("-Wno-unused-variable")
             .include(&cxx)
-            // GCC's own AVX-512 headers warn under -Wall (`__Y = __Y`).
-            .warnings(false);
-        (b, name.to_string())
+            // GCC's own AVX-512 headers warn under -Wall (`__Y = __Y`), and
+            // mlx-c's headers have unused statics.
+            .warnings(false)
+            .file(cxx.join(file));
+        for f in flags {
+            b.flag(f);
+        }
+        for i in includes {
+            b.include(i);
+        }
+        b.compile(lib);
     };
-    let mut kernels = vec![base("grove_qmm_base")];
-    kernels[0].0.file(cxx.join("qmm_base.cpp"));
-    if arch == "x86_64" {
-        let (mut b, n) = base("grove_qmm_avx2");
-        b.file(cxx.join("qmm_avx2.cpp"))
-            .flag("-mavx2")
-            .flag("-mfma")
-            .flag("-mf16c");
-        kernels.push((b, n));
-        let (mut b, n) = base("grove_qmm_avx512");
-        b.file(cxx.join("qmm_avx512.cpp"))
-            .flag("-mavx512f")
-            .flag("-mavx512bw")
-            .flag("-mavx512vl")
-            .flag("-mfma")
-            .flag("-mf16c");
-        kernels.push((b, n));
-    }
-    let (mut entry, name) = base("grove_cpu_qmm");
-    entry
-        .file(cxx.join("cpu_qmm.cpp"))
-        .include(mlx_include)
-        .include(mlx_c);
-    entry.compile(&name);
-    for (b, n) in kernels {
-        b.compile(&n);
+    compile("cpu_qmm.cpp", "grove_cpu_qmm", &[], &[mlx_include, mlx_c]);
+    compile("qmm_base.cpp", "grove_qmm_base", &[], &[]);
+    if env::var("CARGO_CFG_TARGET_ARCH").is_ok_and(|a| a == "x86_64") {
+        compile(
+            "qmm_avx2.cpp",
+            "grove_qmm_avx2",
+            &["-mavx2", "-mfma", "-mf16c"],
+            &[],
+        );
+        let avx512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c"];
+        compile("qmm_avx512.cpp", "grove_qmm_avx512", &avx512, &[]);
     }
 }
 

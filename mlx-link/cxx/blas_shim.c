@@ -38,9 +38,6 @@ static void set_threads(void) {
   scipy_openblas_set_num_threads(n >= 1 ? n : 1);
 }
 
-/* Which BLAS serves MLX's float products (Grove's logs and benchmarks). */
-const char* grove_blas_name(void) { return "openblas"; }
-
 void cblas_sgemm(int order, int ta, int tb, blasint m, blasint n, blasint k,
                  float alpha, const float* a, blasint lda, const float* b,
                  blasint ldb, float beta, float* c, blasint ldc) {

@@ -7,7 +7,7 @@
 // splits the output rows over a small pool of threads that spin briefly
 // between products (a decode step is hundreds of small products back to
 // back) and then sleep; the kernel itself is qmm_kernel.h, built for AVX2+FMA,
-// AVX-512 and the baseline, picked at first use (see pick_isa).
+// AVX-512 and the baseline, picked at first use (see pick_rows).
 //
 // Covered: MLX affine quantization, 4 or 8 bits, groups of 32/64/128, a
 // float32 x, float32/float16/bfloat16 scales and biases, `x @ W^T` with W 2-D.
@@ -19,7 +19,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
-#include <functional>
 #include <string>
 #include <mutex>
 #include <thread>
@@ -42,35 +41,25 @@ using grove_qmm::Args;
 
 typedef void (*RowsFn)(const Args&, int, int, float*);
 
-struct Isa {
-  RowsFn rows;
-  const char* name;
-};
-
-Isa pick_isa() {
+RowsFn pick_rows() {
   const char* forced = std::getenv("GROVE_CPU_ISA");
-  std::string want = forced ? forced : "";
+  const std::string want = forced ? forced : "";
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl");
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  // AVX-512 only when asked for: on the Xeon (Sapphire Rapids class) this was
-  // measured on, its build was slower than AVX2's on every path (decode from
-  // memory 8.2 vs 8.8 Gweights/s per thread, from L2 11 vs 13, prefill 65 vs
-  // 85 GFLOP/s), as its wider units run at a lower clock.
-  if (avx512 && want == "avx512") return {grove_qmm::avx512::rows, "avx512"};
-  if (avx2 && (want.empty() || want == "avx512" || want == "avx2"))
-    return {grove_qmm::avx2::rows, "avx2"};
-  return {grove_qmm::base::rows, "sse2"};
-#elif defined(__aarch64__)
-  return {grove_qmm::base::rows, "neon"};
-#else
-  return {grove_qmm::base::rows, "portable"};
+  // AVX-512 only when asked for: on the Xeon this was measured on, its build
+  // was slower than AVX2's on every path (decode from memory 8.2 vs 8.8
+  // Gweights/s per thread, from L2 11 vs 13, prefill 65 vs 85 GFLOP/s).
+  if (avx512 && want == "avx512") return grove_qmm::avx512::rows;
+  if (avx2 && want != "sse2") return grove_qmm::avx2::rows;
 #endif
+  return grove_qmm::base::rows;  // SSE2 on x86-64, NEON on arm64
 }
 
-const Isa& isa() {
-  static const Isa chosen = pick_isa();
+RowsFn kernel_rows() {
+  static const RowsFn chosen = pick_rows();
   return chosen;
 }
 
@@ -100,33 +89,27 @@ inline void relax() {
 
 // Workers 1..n-1 (the caller is part 0). A job is published by bumping `gen`;
 // each worker runs its part and decrements `pending`. Idle workers spin for
-// SPIN_US after their last part, then sleep on the condition variable.
+// SPIN_US after their last part, then sleep on the condition variable. The
+// pool lives as long as the process (see pool()).
 class Pool {
  public:
   explicit Pool(int n) : n_(n) {
-    for (int i = 1; i < n_; i++) workers_.emplace_back([this, i] { work(i); });
-  }
-  ~Pool() {
-    {
-      std::lock_guard<std::mutex> lk(m_);
-      stop_ = true;
-      gen_.fetch_add(1);
-    }
-    cv_.notify_all();
-    for (auto& t : workers_) t.join();
+    for (int i = 1; i < n_; i++) std::thread([this, i] { work(i); }).detach();
   }
   int size() const { return n_; }
 
-  // Runs part(i) for i in [0, parts) with parts <= size(); returns when all ran.
+  // Runs part(i) for i in [0, parts) with parts <= size(); returns when all
+  // ran. The job is a plain function and context pointer: nothing is
+  // allocated per product (a decode step runs hundreds).
   template <class F>
-  void run(int parts, F&& part) {
+  void run(int parts, F& part) {
     if (parts <= 1) {
       part(0);
       return;
     }
     std::lock_guard<std::mutex> one_job(run_m_);
-    std::function<void(int)> f = part;
-    job_ = &f;
+    fn_ = [](void* ctx, int i) { (*static_cast<F*>(ctx))(i); };
+    ctx_ = &part;
     parts_ = parts;
     pending_.store(parts - 1);
     gen_.fetch_add(1);
@@ -136,7 +119,6 @@ class Pool {
     }
     part(0);
     while (pending_.load(std::memory_order_acquire) != 0) relax();
-    job_ = nullptr;
   }
 
  private:
@@ -160,30 +142,28 @@ class Pool {
         }
       }
       seen = gen_.load();
-      if (stop_) return;
       if (index < parts_) {
-        (*job_)(index);
+        fn_(ctx_, index);
         pending_.fetch_sub(1, std::memory_order_release);
       }
     }
   }
 
   int n_;
-  std::vector<std::thread> workers_;
   std::mutex m_;
   std::mutex run_m_;  // one job at a time (several CPU streams may call)
   std::condition_variable cv_;
   std::atomic<uint64_t> gen_{0};
   std::atomic<int> pending_{0};
   std::atomic<int> sleeping_{0};
-  const std::function<void(int)>* job_ = nullptr;
+  void (*fn_)(void*, int) = nullptr;
+  void* ctx_ = nullptr;
   int parts_ = 0;
-  bool stop_ = false;
 };
 
 Pool& pool() {
-  // Leaked on purpose: MLX's stream threads may still run a product while
-  // static destructors run at exit.
+  // Never destroyed (its threads are detached): MLX's stream threads may
+  // still run a product while static destructors run at exit.
   static Pool* p = new Pool(thread_count());
   return *p;
 }
@@ -197,13 +177,14 @@ void compute(const Args& a) {
   if (macs < (1 << 16)) parts = 1;
   const int align = a.N >= 16 * parts ? 16 : 4;
   const int per = ((a.N + parts - 1) / parts + align - 1) / align * align;
-  const RowsFn rows = isa().rows;
+  const RowsFn rows = kernel_rows();
   const long scratch = a.M >= 4 ? grove_qmm::scratch_floats(a) : 0;
   std::vector<float> buf(scratch * parts);
-  pool().run(parts, [&](int i) {
+  auto part = [&](int i) {
     const int n0 = std::min(a.N, i * per), n1 = std::min(a.N, (i + 1) * per);
     if (n0 < n1) rows(a, n0, n1, buf.data() + scratch * i);
-  });
+  };
+  pool().run(parts, part);
 }
 
 // ---- 3. Reading MLX's arrays --------------------------------------------------
@@ -350,16 +331,6 @@ int grove_cpu_qmm(
   } catch (...) {
     return 2;
   }
-}
-
-// The kernel build in use ("avx512", "avx2", "sse2", "neon", "portable").
-const char* grove_cpu_qmm_isa() {
-  return isa().name;
-}
-
-// The threads a product is split over.
-int grove_cpu_threads() {
-  return pool().size();
 }
 
 }  // extern "C"

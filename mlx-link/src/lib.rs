@@ -5,9 +5,9 @@
 //! - `bindings.rs` (in `OUT_DIR`): bindgen's output over every `mlx/c/*.h` header.
 //! - `float16_t`, `bfloat16_t`: the 16-bit float carriers, declared here because
 //!   the C headers only name them on aarch64.
-//! - `grove_cpu_qmm`, `grove_cpu_qmm_isa`, `grove_cpu_threads`: Grove's CPU
-//!   quantized-matmul primitive (`cxx/cpu_qmm.cpp`); where it is not built
-//!   (macOS, whose MLX comes from source) they report "not covered".
+//! - `grove_cpu_qmm`: Grove's CPU quantized-matmul primitive
+//!   (`cxx/cpu_qmm.cpp`); where it is not built (macOS, whose MLX comes from
+//!   source) it reports "not covered".
 //! - `mach_approximate_time`: the one Mach call mlx-rs makes (to seed
 //!   `RandomState::new`), supplied off Apple platforms.
 #![allow(non_upper_case_globals)]
@@ -52,10 +52,6 @@ unsafe extern "C" {
         bits: ::std::os::raw::c_int,
         s: mlx_stream,
     ) -> ::std::os::raw::c_int;
-    /// The kernel build in use: "avx512", "avx2", "sse2", "neon" or "portable".
-    pub fn grove_cpu_qmm_isa() -> *const ::std::os::raw::c_char;
-    /// The threads one product is split over.
-    pub fn grove_cpu_threads() -> ::std::os::raw::c_int;
 }
 
 /// Not built here: every product is left to MLX.
@@ -70,15 +66,5 @@ pub unsafe fn grove_cpu_qmm(
     _bits: ::std::os::raw::c_int,
     _s: mlx_stream,
 ) -> ::std::os::raw::c_int {
-    1
-}
-
-#[cfg(not(grove_cpu_qmm))]
-pub unsafe fn grove_cpu_qmm_isa() -> *const ::std::os::raw::c_char {
-    c"none".as_ptr()
-}
-
-#[cfg(not(grove_cpu_qmm))]
-pub unsafe fn grove_cpu_threads() -> ::std::os::raw::c_int {
     1
 }

@@ -86,7 +86,7 @@ pub fn apply(
     let promote = on_cpu && policy == CpuDtypes::Float32;
     let mut promoted = false;
     if promote {
-        let keep: Vec<String> = tensors
+        let keep: std::collections::HashSet<String> = tensors
             .keys()
             .filter(|name| keeps_half_scales(tensors, name, &half_scales_ok))
             .cloned()

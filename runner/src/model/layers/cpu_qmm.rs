@@ -12,7 +12,6 @@
 //! MLX's within float32 rounding (tests/cpu_qmm.rs). Everything else (other
 //! modes and bits, half-precision x, `x @ W`, GPUs) keeps MLX's kernels, as
 //! does every product when `GROVE_CPU_KERNELS=mlx`.
-use std::ffi::CStr;
 use std::sync::OnceLock;
 
 use mlx_rs::error::Exception;
@@ -29,22 +28,6 @@ pub fn enabled() -> bool {
         let mlx = std::env::var("GROVE_CPU_KERNELS").is_ok_and(|v| v == "mlx");
         !mlx && crate::model::dtypes::cpu_backend()
     })
-}
-
-/// The kernel build in use and the threads a product is split over (for
-/// logs and benchmarks), or `None` when MLX's kernels are used.
-pub fn describe() -> Option<(String, i32)> {
-    if !enabled() {
-        return None;
-    }
-    // SAFETY: both return static data (a C string literal, an int).
-    unsafe {
-        let isa = CStr::from_ptr(mlx_sys::grove_cpu_qmm_isa());
-        Some((
-            isa.to_string_lossy().into_owned(),
-            mlx_sys::grove_cpu_threads(),
-        ))
-    }
 }
 
 /// Whether the module at `module`, packed with `params`, keeps half-precision
