@@ -88,6 +88,25 @@ async fn listed(
         .collect())
 }
 
+/// POSTs `body` as JSON to `path` and expects 200.
+async fn post_ok(addr: &str, path: &str, body: &serde_json::Value) -> Result<()> {
+    let reply = grove_tests::http::send(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    )
+    .await?;
+    ensure!(
+        reply.status == 200,
+        "{path}: {} {}",
+        reply.status,
+        reply.body
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn each_pull_reaches_the_hub_its_client_names_with_its_token() -> Result<()> {
     let model = fixtures::model_dir("qwen2-f32")?;
@@ -196,38 +215,12 @@ async fn each_pull_reaches_the_hub_its_client_names_with_its_token() -> Result<(
         "stream": false,
         "hub": {"endpoint": endpoint, "token": "hf_token_two"},
     });
-    let reply = grove_tests::http::send(
-        &d.addr,
-        "POST",
-        "/api/pull",
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    )
-    .await?;
-    ensure!(
-        reply.status == 200,
-        "/api/pull: {} {}",
-        reply.status,
-        reply.body
-    );
+    post_ok(&d.addr, "/api/pull", &body).await?;
     reached_with(&two, "org-two/later", "hf_token_two")?;
     // /api/show reads the local store only: a hub object there is accepted
     // and changes nothing.
     let body = serde_json::json!({"model": "org-two/later", "hub": {"token": "hf_token_two"}});
-    let reply = grove_tests::http::send(
-        &d.addr,
-        "POST",
-        "/api/show",
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    )
-    .await?;
-    ensure!(
-        reply.status == 200,
-        "/api/show: {} {}",
-        reply.status,
-        reply.body
-    );
+    post_ok(&d.addr, "/api/show", &body).await?;
 
     // A bad endpoint is refused before anything starts.
     let err = c
