@@ -154,7 +154,13 @@ fn main() {
 fn build_cpu_qmm(manifest: &Path, mlx_c: &Path, mlx_include: &Path) {
     let cxx = manifest.join("cxx");
     for f in [
+        "arrays.h",
+        "attn.h",
+        "attn_kernel.h",
+        "cpu_fast.cpp",
         "cpu_qmm.cpp",
+        "pool.cpp",
+        "pool.h",
         "qmm.h",
         "qmm_kernel.h",
         "qmm_base.cpp",
@@ -165,7 +171,7 @@ fn build_cpu_qmm(manifest: &Path, mlx_c: &Path, mlx_include: &Path) {
     }
     // One static library per build: flags are per build, and the entry
     // point (which names the kernels) links before them.
-    let compile = |file: &str, lib: &str, flags: &[&str], includes: &[&Path]| {
+    let compile = |files: &[&str], lib: &str, flags: &[&str], includes: &[&Path]| {
         let mut b = cc::Build::new();
         b.cpp(true)
             .std("c++20")
@@ -177,7 +183,7 @@ fn build_cpu_qmm(manifest: &Path, mlx_c: &Path, mlx_include: &Path) {
             // GCC's own AVX-512 headers warn under -Wall (`__Y = __Y`), and
             // mlx-c's headers have unused statics.
             .warnings(false)
-            .file(cxx.join(file));
+            .files(files.iter().map(|f| cxx.join(f)));
         for f in flags {
             b.flag(f);
         }
@@ -186,17 +192,22 @@ fn build_cpu_qmm(manifest: &Path, mlx_c: &Path, mlx_include: &Path) {
         }
         b.compile(lib);
     };
-    compile("cpu_qmm.cpp", "grove_cpu_qmm", &[], &[mlx_include, mlx_c]);
-    compile("qmm_base.cpp", "grove_qmm_base", &[], &[]);
+    compile(
+        &["cpu_qmm.cpp", "cpu_fast.cpp", "pool.cpp"],
+        "grove_cpu_qmm",
+        &[],
+        &[mlx_include, mlx_c],
+    );
+    compile(&["qmm_base.cpp"], "grove_qmm_base", &[], &[]);
     if env::var("CARGO_CFG_TARGET_ARCH").is_ok_and(|a| a == "x86_64") {
         compile(
-            "qmm_avx2.cpp",
+            &["qmm_avx2.cpp"],
             "grove_qmm_avx2",
             &["-mavx2", "-mfma", "-mf16c"],
             &[],
         );
         let avx512 = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c"];
-        compile("qmm_avx512.cpp", "grove_qmm_avx512", &avx512, &[]);
+        compile(&["qmm_avx512.cpp"], "grove_qmm_avx512", &avx512, &[]);
     }
 }
 

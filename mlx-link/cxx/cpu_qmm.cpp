@@ -4,24 +4,15 @@
 // primitive is `GroveQuantizedMatmul`, so the product stays in MLX's lazy
 // graph like any other op: it is evaluated on the CPU stream's thread, in
 // order with the ops around it, and its buffers are MLX's. Its `eval_cpu`
-// splits the output rows over a small pool of threads that spin briefly
-// between products (a decode step is hundreds of small products back to
-// back) and then sleep; the kernel itself is qmm_kernel.h, built for AVX2+FMA,
+// splits the output rows over Grove's CPU threads (pool.h); the kernel itself is qmm_kernel.h, built for AVX2+FMA,
 // AVX-512 and the baseline, picked at first use (see pick_rows).
 //
 // Covered: MLX affine quantization, 4 or 8 bits, groups of 32/64/128, a
 // float32 x, float32/float16/bfloat16 scales and biases, `x @ W^T` with W 2-D.
 // Anything else makes `grove_cpu_qmm` return 1 and the caller uses MLX's op.
-#include <sched.h>
-
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <string>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "mlx/allocator.h"
@@ -30,6 +21,8 @@
 #include "mlx/c/private/array.h"
 #include "mlx/c/private/stream.h"
 #include "mlx/primitives.h"
+#include "arrays.h"
+#include "pool.h"
 #include "qmm.h"
 
 namespace {
@@ -37,7 +30,7 @@ namespace {
 using namespace mlx::core;
 using grove_qmm::Args;
 
-// ---- 1. The kernel build this CPU runs --------------------------------------
+// ---- 1. The kernel build this CPU runs, and its threads-----------------------------------
 
 typedef void (*RowsFn)(const Args&, int, int, float*);
 
@@ -63,117 +56,12 @@ RowsFn kernel_rows() {
   return chosen;
 }
 
-// ---- 2. Threads ---------------------------------------------------------------
-
-int thread_count() {
-  if (const char* v = std::getenv("GROVE_CPU_THREADS")) {
-    const int n = std::atoi(v);
-    if (n >= 1) return std::min(n, 256);
-  }
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    const int n = CPU_COUNT(&set);
-    if (n >= 1) return n;
-  }
-  const unsigned n = std::thread::hardware_concurrency();
-  return n >= 1 ? static_cast<int>(n) : 1;
-}
-
-inline void relax() {
-#if defined(__x86_64__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-// Workers 1..n-1 (the caller is part 0). A job is published by bumping `gen`;
-// each worker runs its part and decrements `pending`. Idle workers spin for
-// SPIN_US after their last part, then sleep on the condition variable. The
-// pool lives as long as the process (see pool()).
-class Pool {
- public:
-  explicit Pool(int n) : n_(n) {
-    for (int i = 1; i < n_; i++) std::thread([this, i] { work(i); }).detach();
-  }
-  int size() const { return n_; }
-
-  // Runs part(i) for i in [0, parts) with parts <= size(); returns when all
-  // ran. The job is a plain function and context pointer: nothing is
-  // allocated per product (a decode step runs hundreds).
-  template <class F>
-  void run(int parts, F& part) {
-    if (parts <= 1) {
-      part(0);
-      return;
-    }
-    std::lock_guard<std::mutex> one_job(run_m_);
-    fn_ = [](void* ctx, int i) { (*static_cast<F*>(ctx))(i); };
-    ctx_ = &part;
-    parts_ = parts;
-    pending_.store(parts - 1);
-    gen_.fetch_add(1);
-    if (sleeping_.load() > 0) {
-      { std::lock_guard<std::mutex> lk(m_); }
-      cv_.notify_all();
-    }
-    part(0);
-    while (pending_.load(std::memory_order_acquire) != 0) relax();
-  }
-
- private:
-  static constexpr int SPIN_US = 300;
-
-  void work(int index) {
-    // The generation the pool was built with, not gen_'s value when this
-    // thread first runs: a job may already have been published by then.
-    uint64_t seen = 0;
-    for (;;) {
-      auto since = std::chrono::steady_clock::now();
-      int spins = 0;
-      while (gen_.load(std::memory_order_acquire) == seen) {
-        relax();
-        if (++spins % 256 == 0 &&
-            std::chrono::steady_clock::now() - since > std::chrono::microseconds(SPIN_US)) {
-          std::unique_lock<std::mutex> lk(m_);
-          sleeping_.fetch_add(1);
-          cv_.wait(lk, [&] { return gen_.load() != seen; });
-          sleeping_.fetch_sub(1);
-        }
-      }
-      seen = gen_.load();
-      if (index < parts_) {
-        fn_(ctx_, index);
-        pending_.fetch_sub(1, std::memory_order_release);
-      }
-    }
-  }
-
-  int n_;
-  std::mutex m_;
-  std::mutex run_m_;  // one job at a time (several CPU streams may call)
-  std::condition_variable cv_;
-  std::atomic<uint64_t> gen_{0};
-  std::atomic<int> pending_{0};
-  std::atomic<int> sleeping_{0};
-  void (*fn_)(void*, int) = nullptr;
-  void* ctx_ = nullptr;
-  int parts_ = 0;
-};
-
-Pool& pool() {
-  // Never destroyed (its threads are detached): MLX's stream threads may
-  // still run a product while static destructors run at exit.
-  static Pool* p = new Pool(thread_count());
-  return *p;
-}
-
 // Splits the output rows over the pool: aligned to the kernel's 16-row blocks
 // where there are enough rows, and not at all for products too small to pay
 // for waking a thread.
 void compute(const Args& a) {
   const int64_t macs = (int64_t)a.M * a.N * a.K;
-  int parts = std::min(pool().size(), std::max(1, a.N / 16));
+  int parts = std::min(grove_cpu::pool_size(), std::max(1, a.N / 16));
   if (macs < (1 << 16)) parts = 1;
   const int align = a.N >= 16 * parts ? 16 : 4;
   const int per = ((a.N + parts - 1) / parts + align - 1) / align * align;
@@ -184,43 +72,22 @@ void compute(const Args& a) {
     const int n0 = std::min(a.N, i * per), n1 = std::min(a.N, (i + 1) * per);
     if (n0 < n1) rows(a, n0, n1, buf.data() + scratch * i);
   };
-  pool().run(parts, part);
+  grove_cpu::parallel(parts, part);
 }
 
-// ---- 3. Reading MLX's arrays --------------------------------------------------
-
-// The elements of `a` in row-major order: its own buffer when row-contiguous,
-// else gathered into `tmp` by its strides.
-template <class T>
-const T* row_major(const array& a, std::vector<T>& tmp) {
-  if (a.flags().row_contiguous) return a.data<T>();
-  tmp.resize(a.size());
-  const T* src = a.data<T>();
-  const int nd = a.ndim();
-  std::vector<int> idx(nd, 0);
-  for (size_t i = 0; i < a.size(); i++) {
-    int64_t off = 0;
-    for (int d = 0; d < nd; d++) off += (int64_t)idx[d] * a.strides()[d];
-    tmp[i] = src[off];
-    for (int d = nd - 1; d >= 0; d--) {
-      if (++idx[d] < a.shape(d)) break;
-      idx[d] = 0;
-    }
-  }
-  return tmp.data();
-}
+// ---- 2. Reading MLX's arrays --------------------------------------------------
 
 // Scales or biases as stored (a row-major copy only when strided).
 const void* scale_data(const array& a, std::vector<float>& f32, std::vector<uint16_t>& f16) {
-  if (a.dtype() == float32) return row_major<float>(a, f32);
-  return row_major<uint16_t>(a, f16);
+  if (a.dtype() == float32) return grove_cpu::row_major<float>(a, f32);
+  return grove_cpu::row_major<uint16_t>(a, f16);
 }
 
 int scale_type(Dtype d) {
   return d == float32 ? grove_qmm::F32 : d == float16 ? grove_qmm::F16 : grove_qmm::BF16;
 }
 
-// ---- 4. The primitive -----------------------------------------------------------
+// ---- 3. The primitive -----------------------------------------------------------
 
 class GroveQuantizedMatmul : public UnaryPrimitive {
  public:
@@ -247,8 +114,8 @@ class GroveQuantizedMatmul : public UnaryPrimitive {
       a.N = w.shape(0);
       a.bits = bits;
       a.group_size = gs;
-      a.x = row_major<float>(x, xt);
-      a.w = reinterpret_cast<const uint8_t*>(row_major<uint32_t>(w, wt));
+      a.x = grove_cpu::row_major<float>(x, xt);
+      a.w = reinterpret_cast<const uint8_t*>(grove_cpu::row_major<uint32_t>(w, wt));
       a.scales = scale_data(scales, st, sh);
       a.biases = scale_data(biases, bt, bh);
       a.scale_type = scale_type(scales.dtype());

@@ -3,3 +3,4 @@
 #define GROVE_QMM_NS avx2
 #define GROVE_VL 8
 #include "qmm_kernel.h"
+#include "attn_kernel.h"

@@ -2,3 +2,4 @@
 #define GROVE_QMM_NS base
 #define GROVE_VL 8
 #include "qmm_kernel.h"
+#include "attn_kernel.h"

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use mlx_rs::error::Exception;
-use mlx_rs::{Array, Dtype, fast};
+use mlx_rs::{Array, Dtype};
 
 pub use config::{Config, RopeParams};
 
@@ -525,7 +525,8 @@ impl Layer {
                 let positions = cache.positions()?;
                 let k = kv.k_norm.forward(&k)?.transpose_axes(&[0, 2, 1, 3])?;
                 let k = self.rope.forward_at(&k, &positions)?;
-                let v = fast::rms_norm(&v, None, self.eps)?.transpose_axes(&[0, 2, 1, 3])?;
+                let v = crate::model::layers::cpu_fast::rms_norm(&v, None, self.eps)?
+                    .transpose_axes(&[0, 2, 1, 3])?;
                 let (k, v) = cache.update_and_fetch(&k, &v)?;
                 (k, v, positions, true)
             }
@@ -537,7 +538,7 @@ impl Layer {
         let q = self.rope.forward_at(&q, &positions)?;
         // 3. Attention at scale 1 under the layer type's mask.
         let out =
-            fast::scaled_dot_product_attention(&q, &keys, &values, 1.0, mask.as_sdpa(), None)?;
+            crate::model::layers::cpu_fast::sdpa(&q, &keys, &values, 1.0, mask.as_sdpa(), None)?;
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         let out = self.o.forward(&out)?;
         // 4. Residuals around the attention and the MLP, each sandwiched.

@@ -8,7 +8,7 @@
 //! attention output is multiplied by its sigmoid before `o_proj`).
 use mlx_rs::error::Exception;
 use mlx_rs::ops::{expand_dims, select, softmax_axis, split_at_indices, tanh};
-use mlx_rs::{Array, Dtype, fast};
+use mlx_rs::{Array, Dtype};
 
 use super::linear::Linear;
 use super::norm::RmsNorm;
@@ -211,14 +211,9 @@ impl Attention {
         // 4. Attention under the mask (causal within a chunk, padding hidden
         //    in a batch), over quantized keys and values as they are held.
         let out = match (fetched, s.softcap) {
-            (Fetched::Float(k, v), None) => fast::scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
-                self.scale,
-                mask.as_sdpa(),
-                self.sinks.as_ref(),
-            )?,
+            (Fetched::Float(k, v), None) => {
+                super::cpu_fast::sdpa(&q, &k, &v, self.scale, mask.as_sdpa(), self.sinks.as_ref())?
+            }
             (Fetched::Float(k, v), Some(cap)) => self.capped(&q, &k, &v, mask, cap)?,
             (
                 Fetched::Quantized {

@@ -14,8 +14,8 @@
 //! does every product when `GROVE_CPU_KERNELS=mlx`.
 use std::sync::OnceLock;
 
+use mlx_rs::Array;
 use mlx_rs::error::Exception;
-use mlx_rs::{Array, Stream};
 
 use super::quant_ops::QuantRef;
 use crate::model::config::{QuantMode, QuantParams};
@@ -61,33 +61,16 @@ pub fn qmm(x: &Array, q: &QuantRef) -> Option<Result<Array, Exception>> {
 /// kernels in one process).
 pub fn qmm_always(x: &Array, q: &QuantRef) -> Option<Result<Array, Exception>> {
     let biases = q.biases?;
-    let stream = Stream::thread_local_or_default();
-    // SAFETY: the inputs are live arrays and `res` a fresh handle; on status 0
-    // the result is owned by the returned Array, otherwise it is freed here.
-    unsafe {
-        let mut res = mlx_sys::mlx_array_new();
-        let status = mlx_sys::grove_cpu_qmm(
-            &mut res,
+    super::cpu_fast::primitive("quantized matmul", |res, s| unsafe {
+        mlx_sys::grove_cpu_qmm(
+            res,
             x.as_ptr(),
             q.weight.as_ptr(),
             q.scales.as_ptr(),
             biases.as_ptr(),
             q.params.group_size,
             q.params.bits,
-            stream.as_ptr(),
-        );
-        match status {
-            0 => Some(Ok(Array::from_ptr(res))),
-            1 => {
-                mlx_sys::mlx_array_free(res);
-                None
-            }
-            _ => {
-                mlx_sys::mlx_array_free(res);
-                Some(Err(Exception::custom(
-                    "Grove's CPU quantized matmul failed to build its graph node",
-                )))
-            }
-        }
-    }
+            s,
+        )
+    })
 }

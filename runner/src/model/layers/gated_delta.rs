@@ -18,7 +18,7 @@ use mlx_rs::ops::{
     concatenate, conv1d, exp, logaddexp, repeat_axis, select, sigmoid, split_at_indices, stack,
     zeros_dtype,
 };
-use mlx_rs::{Array, Dtype, fast};
+use mlx_rs::{Array, Dtype};
 
 use super::linear::Linear;
 use crate::cache::{AttentionMask, LayerCache};
@@ -240,8 +240,9 @@ impl GatedDeltaNet {
         //    (mlx-lm's normalize_qk with eps 1e-6).
         let inv = (dk as f32).powf(-0.5);
         let eps = 1e-6 * inv * inv;
-        let q = scalar(inv * inv, q.dtype())?.multiply(fast::rms_norm(&q, None, eps)?)?;
-        let k = scalar(inv, k.dtype())?.multiply(fast::rms_norm(&k, None, eps)?)?;
+        let q =
+            scalar(inv * inv, q.dtype())?.multiply(super::cpu_fast::rms_norm(&q, None, eps)?)?;
+        let k = scalar(inv, k.dtype())?.multiply(super::cpu_fast::rms_norm(&k, None, eps)?)?;
         // 4. The recurrence, token by token.
         let beta = sigmoid(&beta_in)?;
         let zero = scalar(0.0, a.dtype())?;
@@ -251,7 +252,7 @@ impl GatedDeltaNet {
         let (y, rec_state) = recurrence(&q, &k, &v, &g, &beta, rec_state, mask.as_ref())?;
         state.update(new_conv, rec_state, len);
         // 5. RMS norm gated by silu(z) (in float32), then out.
-        let normed = fast::rms_norm(&y, Some(&self.norm), s.eps)?;
+        let normed = super::cpu_fast::rms_norm(&y, Some(&self.norm), s.eps)?;
         let z32 = z.as_dtype(Dtype::Float32)?;
         let gated = z32
             .multiply(sigmoid(&z32)?)?

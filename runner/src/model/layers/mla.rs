@@ -216,14 +216,13 @@ impl Mla {
         let sdpa_mask = fast::ScaledDotProductAttentionMask::Array(&pe_scores);
         let out = if l == 1 {
             let q_lat = self.embed_q.forward(q_nope, true)?;
-            let out = fast::scaled_dot_product_attention(
-                &q_lat, &latent, &latent, s.scale, sdpa_mask, None,
-            )?;
+            let out =
+                super::cpu_fast::sdpa(&q_lat, &latent, &latent, s.scale, Some(sdpa_mask), None)?;
             self.unembed_out.forward(&out, true)?
         } else {
             let k = self.embed_q.forward(&latent, false)?;
             let v = self.unembed_out.forward(&latent, true)?;
-            fast::scaled_dot_product_attention(q_nope, &k, &v, s.scale, sdpa_mask, None)?
+            super::cpu_fast::sdpa(q_nope, &k, &v, s.scale, Some(sdpa_mask), None)?
         };
         // 6. Merge heads and project out.
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;

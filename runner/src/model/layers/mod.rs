@@ -1,5 +1,6 @@
 //! Building blocks shared by the architectures.
 pub mod attention;
+pub mod cpu_fast;
 pub mod cpu_qmm;
 pub mod cuda_qmv;
 pub mod decoder;

@@ -1,7 +1,7 @@
 //! RMS normalisation (`mx.fast.rms_norm`), with the weight as stored or, as
 //! Gemma's norms use it, offset by one (`1 + weight`).
+use mlx_rs::Array;
 use mlx_rs::error::Exception;
-use mlx_rs::{Array, fast};
 
 use crate::error::Result;
 use crate::model::weights::Weights;
@@ -45,7 +45,7 @@ impl RmsNorm {
 
     /// Normalises over the last axis.
     pub fn forward(&self, x: &Array) -> Result<Array, Exception> {
-        fast::rms_norm(x, Some(&self.weight), self.eps)
+        super::cpu_fast::rms_norm(x, Some(&self.weight), self.eps)
     }
 }
 

@@ -7,6 +7,7 @@ use mlx_rs::ops::{arange, concatenate, select, split_at_indices};
 use mlx_rs::{Array, fast};
 use serde::Deserialize;
 
+use super::cpu_fast;
 use crate::cache::Positions;
 use crate::error::Result;
 use crate::model::config::config_error;
@@ -123,6 +124,9 @@ pub struct Rope {
     freqs: Option<Array>,
     /// Multiplies the rotated features first (Phi-3's su/longrope scale).
     pre_scale: Option<f32>,
+    /// What MLX's CPU fallback multiplies positions by, for Grove's CPU
+    /// rotation (`cpu_fast::rope`); computed at load where that runs.
+    inv_freqs: Option<Array>,
 }
 
 impl Rope {
@@ -149,6 +153,7 @@ impl Rope {
                 scale: 1.0,
                 freqs: None,
                 pre_scale: None,
+                inv_freqs: None,
             },
             Scaling::Linear { factor } => Self {
                 dims,
@@ -157,6 +162,7 @@ impl Rope {
                 scale: (1.0 / factor) as f32,
                 freqs: None,
                 pre_scale: None,
+                inv_freqs: None,
             },
             Scaling::Llama3 {
                 factor,
@@ -169,6 +175,7 @@ impl Rope {
                 base: None,
                 scale: 1.0,
                 pre_scale: None,
+                inv_freqs: None,
                 freqs: Some(
                     llama3_freqs(dims, base, factor, low, high, original).map_err(|e| {
                         config_error(path, format!("computing llama3 rope frequencies: {e}"))
@@ -176,7 +183,7 @@ impl Rope {
                 ),
             },
         };
-        Ok(rope)
+        rope.with_cpu_frequencies()
     }
 
     /// mlx-lm's `SuScaledRoPE` (Phi-3's su/longrope scaling): frequencies
@@ -196,14 +203,16 @@ impl Rope {
             path: Default::default(),
             message: format!("rope_scaling long_factor: {e}"),
         })?;
-        Ok(Self {
+        Self {
             dims,
             traditional: false,
             base: None,
             scale: 1.0,
             freqs: Some(freqs),
             pre_scale: Some(scale),
-        })
+            inv_freqs: None,
+        }
+        .with_cpu_frequencies()
     }
 
     /// mlx-lm's `ProportionalRoPE` (Gemma 4's global layers): the first
@@ -236,14 +245,30 @@ impl Rope {
             Ok(out)
         };
         let freqs = make().map_err(|e| config_error(path, format!("rope frequencies: {e}")))?;
-        Ok(Self {
+        Self {
             dims,
             traditional,
             base: None,
             scale: 1.0,
             freqs: Some(freqs),
             pre_scale: None,
-        })
+            inv_freqs: None,
+        }
+        .with_cpu_frequencies()
+    }
+
+    /// Computes [`Self::inv_freqs`] where Grove's CPU rotation runs.
+    fn with_cpu_frequencies(mut self) -> Result<Self> {
+        if super::cpu_qmm::enabled() {
+            let inv =
+                super::cpu_fast::inverse_frequencies(self.dims, self.base, self.freqs.as_ref())
+                    .map_err(|e| crate::error::RunnerError::Config {
+                        path: Default::default(),
+                        message: format!("rope frequencies: {e}"),
+                    })?;
+            self.inv_freqs = Some(inv);
+        }
+        Ok(self)
     }
 
     /// `x` with its first `dims` features multiplied by the pre-scale.
@@ -263,6 +288,12 @@ impl Rope {
     /// (one start for all rows, or one per row).
     pub fn forward_at(&self, x: &Array, positions: &Positions) -> Result<Array, Exception> {
         let x = &self.scaled(x)?;
+        if let (Some(inv), Positions::PerRow(offsets)) = (&self.inv_freqs, positions) {
+            let grove = cpu_fast::rope(x, self.dims, self.traditional, self.scale, offsets, inv);
+            if let Some(out) = grove {
+                return out;
+            }
+        }
         match positions {
             Positions::Uniform(offset) => self.forward(x, *offset),
             Positions::PerRow(offsets) => fast::rope_dynamic(
@@ -279,6 +310,13 @@ impl Rope {
 
     /// Applies the rotation to `x` (`[B, heads, L, head_dim]`) at position `offset`.
     pub fn forward(&self, x: &Array, offset: i32) -> Result<Array, Exception> {
+        if let Some(inv) = &self.inv_freqs {
+            let offset = Array::from_int(offset);
+            let grove = cpu_fast::rope(x, self.dims, self.traditional, self.scale, &offset, inv);
+            if let Some(out) = grove {
+                return out;
+            }
+        }
         fast::rope(
             x,
             self.dims,
