@@ -149,8 +149,10 @@ fn main() {
         .expect("writing bindings.rs into OUT_DIR");
 }
 
-/// `cxx/cpu_qmm.cpp` and its kernel (`cxx/qmm_kernel.h`) built once per
-/// instruction set, each into its own static library (flags are per build).
+/// Grove's CPU primitives (`cxx/cpu_qmm.cpp`, `cxx/cpu_fast.cpp`, their
+/// threads in `cxx/pool.cpp`) and their kernels (`cxx/qmm_kernel.h`,
+/// `cxx/attn_kernel.h`) built once per instruction set, each into its own
+/// static library (flags are per build).
 fn build_cpu_qmm(manifest: &Path, mlx_c: &Path, mlx_include: &Path) {
     let cxx = manifest.join("cxx");
     for f in [

@@ -1,5 +1,5 @@
-// The kernel for x86-64 CPUs with AVX2 and FMA (built with -mavx2 -mfma -mf16c;
-// called only where the CPU reports both).
+// The kernels (quantized matmul, attention) for x86-64 CPUs with AVX2 and FMA
+// (built with -mavx2 -mfma -mf16c; called only where the CPU reports both).
 #define GROVE_QMM_NS avx2
 #define GROVE_VL 8
 #include "qmm_kernel.h"

@@ -33,7 +33,10 @@ fn close(what: &str, ours: &Array, mlx: &Array, bound: f32) {
     assert_eq!(ours.dtype(), Dtype::Float32, "{what}: dtype");
     let scale = max_abs(mlx).max(1e-6);
     let err = max_abs(&ours.subtract(mlx).unwrap()) / scale;
-    assert!(err.is_finite() && err <= bound, "{what}: max error {err:.2e} over {bound:.1e}");
+    assert!(
+        err.is_finite() && err <= bound,
+        "{what}: max error {err:.2e} over {bound:.1e}"
+    );
 }
 
 #[test]
@@ -54,7 +57,10 @@ fn rms_norm_matches_mlx() {
         };
         let w = normal(&[n], 2);
         let w = weight.then_some(&w);
-        let what = format!("rms_norm {shape:?} weight {} strided {strided}", w.is_some());
+        let what = format!(
+            "rms_norm {shape:?} weight {} strided {strided}",
+            w.is_some()
+        );
         let ours = cpu_fast::rms_norm_always(&x, w, 1e-5)
             .unwrap_or_else(|| panic!("{what}: not covered"))
             .unwrap();
@@ -67,7 +73,11 @@ fn rms_norm_matches_mlx() {
 
 #[test]
 fn rope_matches_mlx() {
-    let freqs = normal(&[16], 4).abs().unwrap().add(Array::from_f32(1.0)).unwrap();
+    let freqs = normal(&[16], 4)
+        .abs()
+        .unwrap()
+        .add(Array::from_f32(1.0))
+        .unwrap();
     // (shape [B, H, L, D], dims, traditional, base, scale, offset, freqs, transposed)
     let cases: Vec<(Vec<i32>, i32, bool, f32, i32, bool, bool)> = vec![
         (vec![1, 9, 1, 64], 64, false, 1.0, 127, false, false),
@@ -83,7 +93,9 @@ fn rope_matches_mlx() {
         );
         let x = if transposed {
             let (b, h, l, d) = (shape[0], shape[1], shape[2], shape[3]);
-            normal(&[b, l, h, d], 5).transpose_axes(&[0, 2, 1, 3]).unwrap()
+            normal(&[b, l, h, d], 5)
+                .transpose_axes(&[0, 2, 1, 3])
+                .unwrap()
         } else {
             normal(&shape, 5)
         };
@@ -100,7 +112,9 @@ fn rope_matches_mlx() {
     let x = normal(&[3, 2, 1, 64], 6);
     let offsets = Array::from_slice(&[4i32, 0, 1000], &[3]);
     let inv = cpu_fast::inverse_frequencies(64, Some(10_000.0), None).unwrap();
-    let ours = cpu_fast::rope_always(&x, 64, false, 1.0, &offsets, &inv).unwrap().unwrap();
+    let ours = cpu_fast::rope_always(&x, 64, false, 1.0, &offsets, &inv)
+        .unwrap()
+        .unwrap();
     let mlx = fast::rope_dynamic(&x, 64, false, 10_000.0, 1.0, &offsets, None).unwrap();
     close("rope per-row offsets", &ours, &mlx, 2e-6);
 }
@@ -147,8 +161,14 @@ fn check_attention(c: &Attn, seed: u64) {
     // A padding-style mask: batch row r hides its first r keys (and every
     // row keeps its last key), broadcast over heads.
     let allowed = {
-        let j = Array::arange::<_, i32>(None, c.lk, None).unwrap().reshape(&[1, 1, 1, -1]).unwrap();
-        let r = Array::arange::<_, i32>(None, c.b, None).unwrap().reshape(&[-1, 1, 1, 1]).unwrap();
+        let j = Array::arange::<_, i32>(None, c.lk, None)
+            .unwrap()
+            .reshape(&[1, 1, 1, -1])
+            .unwrap();
+        let r = Array::arange::<_, i32>(None, c.b, None)
+            .unwrap()
+            .reshape(&[-1, 1, 1, 1])
+            .unwrap();
         let last = Array::from_int(c.lk - 1);
         j.ge(&r).unwrap().logical_or(&j.eq(&last).unwrap()).unwrap()
     };
@@ -171,40 +191,44 @@ fn check_attention(c: &Attn, seed: u64) {
 
 #[test]
 fn attention_matches_mlx() {
-    let base = Attn {
-        b: 1,
-        hq: 9,
-        hkv: 3,
-        lq: 1,
-        lk: 1,
-        d: 64,
-        dv: 64,
-        mask: M::None,
-        sinks: false,
-        sliced: false,
-    };
-    let mut seed = 10;
-    let mut run = |c: Attn| {
-        seed += 10;
-        check_attention(&c, seed);
-    };
-    // Decode: one to three queries over caches of several lengths.
-    for lk in [1, 7, 16, 129, 300] {
-        run(Attn { lk, sliced: true, ..base });
+    // (B, Hq, Hkv, Lq, Lk, D, Dv, mask, sinks, sliced)
+    #[rustfmt::skip]
+    let cases = [
+        // Decode: one to three queries over caches of several lengths.
+        (1, 9, 3, 1, 1, 64, 64, M::None, false, true),
+        (1, 9, 3, 1, 7, 64, 64, M::None, false, true),
+        (1, 9, 3, 1, 16, 64, 64, M::None, false, true),
+        (1, 9, 3, 1, 129, 64, 64, M::None, false, true),
+        (1, 9, 3, 1, 300, 64, 64, M::None, false, true),
+        (1, 9, 3, 2, 40, 64, 64, M::Causal, false, false),
+        (1, 4, 4, 3, 3, 64, 64, M::Causal, false, false),
+        (3, 9, 3, 1, 50, 64, 64, M::Bool, false, false),
+        (1, 8, 1, 1, 33, 64, 64, M::None, true, false),
+        // Prompts: the tiled path, causal from the start and after earlier keys.
+        (1, 9, 3, 70, 70, 64, 64, M::Causal, false, false),
+        (1, 9, 3, 37, 100, 64, 64, M::Causal, false, true),
+        (1, 2, 2, 130, 130, 128, 128, M::Causal, false, false),
+        (1, 9, 3, 5, 5, 80, 80, M::None, false, false),
+        (1, 4, 2, 9, 21, 64, 64, M::Add, false, false),
+        (2, 9, 3, 6, 18, 64, 64, M::Bool, false, false),
+        (1, 8, 2, 12, 12, 64, 64, M::Causal, true, false),
+        (1, 9, 3, 8, 8, 64, 32, M::Causal, false, false),
+    ];
+    for (i, (b, hq, hkv, lq, lk, d, dv, mask, sinks, sliced)) in cases.into_iter().enumerate() {
+        let c = Attn {
+            b,
+            hq,
+            hkv,
+            lq,
+            lk,
+            d,
+            dv,
+            mask,
+            sinks,
+            sliced,
+        };
+        check_attention(&c, 10 * (i as u64 + 1));
     }
-    run(Attn { lq: 2, lk: 40, mask: M::Causal, ..base });
-    run(Attn { lq: 3, lk: 3, mask: M::Causal, hq: 4, hkv: 4, ..base });
-    run(Attn { b: 3, lk: 50, mask: M::Bool, ..base });
-    run(Attn { lk: 33, mask: M::None, sinks: true, hq: 8, hkv: 1, ..base });
-    // Prompts: the tiled path, causal from the start and after earlier keys.
-    run(Attn { lq: 70, lk: 70, mask: M::Causal, ..base });
-    run(Attn { lq: 37, lk: 100, mask: M::Causal, sliced: true, ..base });
-    run(Attn { lq: 130, lk: 130, mask: M::Causal, hq: 2, hkv: 2, d: 128, dv: 128, ..base });
-    run(Attn { lq: 5, lk: 5, mask: M::None, d: 80, dv: 80, ..base });
-    run(Attn { lq: 9, lk: 21, mask: M::Add, hq: 4, hkv: 2, ..base });
-    run(Attn { b: 2, lq: 6, lk: 18, mask: M::Bool, ..base });
-    run(Attn { lq: 12, lk: 12, mask: M::Causal, sinks: true, hq: 8, hkv: 2, ..base });
-    run(Attn { lq: 8, lk: 8, mask: M::Causal, d: 64, dv: 32, ..base });
 }
 
 #[test]
