@@ -398,9 +398,14 @@ impl Worker {
         }
         super::warmup::warm_up_if_wanted(&loaded.model, loaded.on_cpu)?;
         self.parts.send_replace(Some(Arc::new(parts)));
+        // The load's own figures go out with Ready: a client that asks for
+        // Status as soon as Health says Ready (before the loop's first
+        // publish) sees the budget and the KV setting, not defaults.
         self.snapshot.send_modify(|s| {
             s.state = LoadState::Ready;
             s.facts = Some(facts);
+            s.memory.budget = Some(loaded.budget);
+            s.memory.kv = loaded.kv;
         });
         Ok(loaded)
     }
