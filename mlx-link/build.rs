@@ -156,6 +156,8 @@ fn main() {
 fn build_cpu_qmm(manifest: &Path, mlx_c: &Path, mlx_include: &Path) {
     let cxx = manifest.join("cxx");
     for f in [
+        "act.h",
+        "act_kernel.h",
         "arrays.h",
         "attn.h",
         "attn_kernel.h",

@@ -1,5 +1,5 @@
-// Grove's CPU primitives for MLX's `fast` ops: RMS norm, rotary embedding and
-// scaled dot-product attention.
+// Grove's CPU primitives for MLX's `fast` ops (RMS norm, rotary embedding,
+// scaled dot-product attention) and for the MLPs' gated activations.
 //
 // On the CPU, MLX 0.32.2 runs none of these as one kernel: each is its
 // fallback, a chain of ordinary ops (rms_norm 6, rope about 20 with its sines
@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "act.h"
 #include "arrays.h"
 #include "attn.h"
 #include "mlx/allocator.h"
@@ -99,6 +100,31 @@ void for_units(int units, int64_t work, F&& unit) {
   };
   grove_cpu::parallel(std::max(parts, 1), part);
 }
+
+// Whether the AVX2+FMA build of the kernels runs here (the AVX-512 build of
+// the quantized matmul was slower on every path measured; the others have
+// none), unless GROVE_CPU_ISA=sse2 asks for the baseline.
+bool use_avx2() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const char* forced = std::getenv("GROVE_CPU_ISA");
+  const bool sse2 = forced && std::string(forced) == "sse2";
+  return !sse2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+// The AVX2 build of a kernel function where it runs, else the baseline's.
+template <class F>
+F avx2_or_base(F avx2, F base) {
+  return use_avx2() ? avx2 : base;
+}
+#if defined(__x86_64__)
+#define ATTENTION(f) grove_qmm::avx2::f, grove_qmm::base::f
+#else
+#define ATTENTION(f) grove_qmm::base::f, grove_qmm::base::f
+#endif
 
 // ---- 2. RMS norm -----------------------------------------------------------------
 
@@ -227,19 +253,8 @@ class GroveRope : public CpuOnly {
 
 typedef void (*AttnFn)(const AttnArgs&, int, int, int, int, float*);
 
-AttnFn pick_attention() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  const char* forced = std::getenv("GROVE_CPU_ISA");
-  const bool sse2 = forced && std::string(forced) == "sse2";
-  if (!sse2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return grove_qmm::avx2::attention_unit;
-#endif
-  return grove_qmm::base::attention_unit;
-}
-
 AttnFn attention_fn() {
-  static const AttnFn chosen = pick_attention();
+  static const AttnFn chosen = avx2_or_base(ATTENTION(attention_unit));
   return chosen;
 }
 
@@ -315,6 +330,48 @@ class GroveAttention : public CpuOnly {
   float scale_;
   int mask_;
   bool sinks_;
+};
+
+// ---- 5. Gated activations -------------------------------------------------------
+
+typedef void (*GatedFn)(int, const float*, const float*, float*, int64_t);
+
+GatedFn gated_fn() {
+  static const GatedFn chosen = avx2_or_base(ATTENTION(gated));
+  return chosen;
+}
+
+// act(gate) * up elementwise (act.h), gate and up of one shape.
+class GroveGated : public CpuOnly {
+ public:
+  GroveGated(Stream s, int act) : CpuOnly(s), act_(act) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override {
+    allocate(out);
+    dispatch(stream(), inputs, out,
+             [out = array::unsafe_weak_copy(out), g = array::unsafe_weak_copy(inputs[0]),
+              u = array::unsafe_weak_copy(inputs[1]), act = act_]() mutable {
+               std::vector<float> gt, ut;
+               const float* gp = grove_cpu::row_major<float>(g, gt);
+               const float* up = grove_cpu::row_major<float>(u, ut);
+               float* op = out.data<float>();
+               const int64_t n = out.size(), per = 1 << 14;
+               const GatedFn fn = gated_fn();
+               for_units((n + per - 1) / per, n * 8, [&](int c, int) {
+                 const int64_t i = c * per;
+                 fn(act, gp + i, up + i, op + i, std::min(per, n - i));
+               });
+             });
+  }
+
+  const char* name() const override { return "GroveGated"; }
+  bool is_equivalent(const Primitive& other) const override {
+    auto* o = dynamic_cast<const GroveGated*>(&other);
+    return o && o->act_ == act_;
+  }
+
+ private:
+  int act_;
 };
 
 bool on_cpu(mlx_stream s) {
@@ -421,6 +478,22 @@ int grove_cpu_sdpa(mlx_array* res, mlx_array q, mlx_array k, mlx_array v, float 
     return emit(res, array(Shape{B, Hq, Lq, Dv}, float32,
                            std::make_shared<GroveAttention>(stream, scale, kind, has_sinks != 0),
                            std::move(inputs)));
+  } catch (...) {
+    return 2;
+  }
+}
+
+// `*res = act(gate) * up` (act: grove_qmm::Activation) on the CPU stream `s`.
+int grove_cpu_gated(mlx_array* res, int act, mlx_array gate, mlx_array up, mlx_stream s) {
+  try {
+    if (!on_cpu(s)) return 1;
+    if (act != grove_qmm::ACT_SILU && act != grove_qmm::ACT_GELU_APPROX) return 1;
+    const array& ga = mlx_array_get_(gate);
+    const array& ua = mlx_array_get_(up);
+    if (ga.dtype() != float32 || ua.dtype() != float32 || ga.shape() != ua.shape()) return 1;
+    const Stream& stream = mlx_stream_get_(s);
+    return emit(res, array(ga.shape(), float32, std::make_shared<GroveGated>(stream, act),
+                           {ga, ua}));
   } catch (...) {
     return 2;
   }

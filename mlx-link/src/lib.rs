@@ -7,7 +7,8 @@
 //!   the C headers only name them on aarch64.
 //! - `grove_cpu_qmm`: Grove's CPU quantized-matmul primitive
 //!   (`cxx/cpu_qmm.cpp`), and `grove_cpu_rms_norm`, `grove_cpu_rope`,
-//!   `grove_cpu_sdpa`: its primitives for MLX's `fast` ops on the CPU
+//!   `grove_cpu_sdpa`, `grove_cpu_gated`: its primitives for MLX's `fast` ops
+//!   and the MLPs' gated activations on the CPU
 //!   (`cxx/cpu_fast.cpp`); where they are not built (macOS, whose MLX comes
 //!   from source) they report "not covered".
 //! - `mach_approximate_time`: the one Mach call mlx-rs makes (to seed
@@ -93,6 +94,16 @@ unsafe extern "C" {
         sinks: mlx_array,
         s: mlx_stream,
     ) -> ::std::os::raw::c_int;
+
+    /// `*res = act(gate) * up` (act 0 SiLU, 1 tanh-approximated GELU) on the
+    /// CPU stream `s`.
+    pub fn grove_cpu_gated(
+        res: *mut mlx_array,
+        act: ::std::os::raw::c_int,
+        gate: mlx_array,
+        up: mlx_array,
+        s: mlx_stream,
+    ) -> ::std::os::raw::c_int;
 }
 
 /// Not built here: every product is left to MLX.
@@ -150,6 +161,18 @@ pub unsafe fn grove_cpu_sdpa(
     _mask: mlx_array,
     _has_sinks: ::std::os::raw::c_int,
     _sinks: mlx_array,
+    _s: mlx_stream,
+) -> ::std::os::raw::c_int {
+    1
+}
+
+/// Not built here: every activation is left to MLX.
+#[cfg(not(grove_cpu_qmm))]
+pub unsafe fn grove_cpu_gated(
+    _res: *mut mlx_array,
+    _act: ::std::os::raw::c_int,
+    _gate: mlx_array,
+    _up: mlx_array,
     _s: mlx_stream,
 ) -> ::std::os::raw::c_int {
     1

@@ -245,3 +245,44 @@ fn attention_leaves_the_rest_to_mlx() {
     let q5 = normal(&[1, 2, 5, 64], 5);
     assert!(cpu_fast::sdpa_always(&q5, &k, &k, 1.0, Some(Mask::Causal), None).is_none());
 }
+
+#[test]
+fn gated_activations_match_mlx() {
+    use grove_runner::model::layers::mlp::{Activation, gelu_approx};
+    // Lengths with and without a vector tail, one over a thread's chunk, and
+    // a strided gate (half of a fused gate_up).
+    for (shape, strided) in [
+        (vec![1, 1, 1536], false),
+        (vec![2, 3, 37], false),
+        (vec![1, 9, 2048], false),
+        (vec![4, 70], true),
+    ] {
+        let (gate, up) = if strided {
+            let mut s = shape.clone();
+            *s.last_mut().unwrap() *= 2;
+            let both = normal(&s, 7).multiply(Array::from_f32(4.0)).unwrap();
+            let parts = mlx_rs::ops::split_equal(&both, 2, -1).unwrap();
+            (parts[0].clone(), parts[1].clone())
+        } else {
+            (
+                normal(&shape, 7).multiply(Array::from_f32(4.0)).unwrap(),
+                normal(&shape, 8),
+            )
+        };
+        let silu = gate
+            .multiply(mlx_rs::ops::sigmoid(&gate).unwrap())
+            .unwrap()
+            .multiply(&up)
+            .unwrap();
+        let gelu = gelu_approx(&gate).unwrap().multiply(&up).unwrap();
+        for (act, mlx) in [(Activation::Silu, silu), (Activation::GeluApprox, gelu)] {
+            let what = format!("{act:?} {shape:?} strided {strided}");
+            let ours = cpu_fast::gated_always(act, &gate, &up)
+                .unwrap_or_else(|| panic!("{what}: not covered"))
+                .unwrap();
+            close(&what, &ours, &mlx, 1e-6);
+        }
+    }
+    let g = normal(&[4], 1);
+    assert!(cpu_fast::gated_always(Activation::SwigluOai, &g, &g).is_none());
+}

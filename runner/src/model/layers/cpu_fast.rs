@@ -1,6 +1,6 @@
 //! MLX's `fast` ops (RMS norm, rotary embedding, scaled dot-product
-//! attention) through Grove's CPU primitives (`mlx-link/cxx/cpu_fast.cpp`)
-//! where they cover the call, else through MLX.
+//! attention) and the MLPs' gated activations through Grove's CPU primitives
+//! (`mlx-link/cxx/cpu_fast.cpp`) where they cover the call, else through MLX.
 //!
 //! MLX 0.32.2 runs none of them as one kernel on the CPU: each is its
 //! fallback, a chain of ordinary ops (about 6, 20 and 9 of them), and each op
@@ -133,6 +133,35 @@ pub fn rope_always(
             inv_freqs.as_ptr(),
             s,
         )
+    })
+}
+
+/// `act(gate) * up` through Grove's primitive for SiLU and tanh-approximated
+/// GELU (`None`: not covered, or not on the CPU backend).
+pub fn gated(
+    act: super::mlp::Activation,
+    gate: &Array,
+    up: &Array,
+) -> Option<Result<Array, Exception>> {
+    if !cpu_qmm::enabled() {
+        return None;
+    }
+    gated_always(act, gate, up)
+}
+
+/// As [`gated`] whatever `GROVE_CPU_KERNELS` says.
+pub fn gated_always(
+    act: super::mlp::Activation,
+    gate: &Array,
+    up: &Array,
+) -> Option<Result<Array, Exception>> {
+    let code = match act {
+        super::mlp::Activation::Silu => 0,
+        super::mlp::Activation::GeluApprox => 1,
+        super::mlp::Activation::SwigluOai => return None,
+    };
+    primitive("gated activation", |res, s| unsafe {
+        mlx_sys::grove_cpu_gated(res, code, gate.as_ptr(), up.as_ptr(), s)
     })
 }
 
