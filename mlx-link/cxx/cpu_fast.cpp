@@ -87,18 +87,16 @@ const float* view4(const array& a, std::vector<float>& tmp, int64_t st[3]) {
   return p;
 }
 
-// Runs unit(u, part) for u in [0, units) over the pool when `work`
-// (multiply-adds) is worth waking threads for; units are taken in order as
-// threads free up, and `part` (< pool_size()) names the thread's share.
+// Runs unit(u, thread) for u in [0, units) on the pool's threads when `work`
+// (multiply-adds) is worth waking them for; `thread` (< pool_size()) names
+// the thread's scratch.
 template <class F>
 void for_units(int units, int64_t work, F&& unit) {
-  int parts = std::min(grove_cpu::pool_size(), units);
-  if (work < (1 << 16)) parts = 1;
-  std::atomic<int> next{0};
-  auto part = [&](int p) {
-    for (int u = next.fetch_add(1); u < units; u = next.fetch_add(1)) unit(u, p);
-  };
-  grove_cpu::parallel(std::max(parts, 1), part);
+  if (work < (1 << 16) || units == 1) {
+    for (int u = 0; u < units; u++) unit(u, 0);
+    return;
+  }
+  grove_cpu::chunks(units, unit);
 }
 
 // Whether the AVX2+FMA build of the kernels runs here (the AVX-512 build of

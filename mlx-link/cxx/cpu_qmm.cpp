@@ -56,23 +56,32 @@ RowsFn kernel_rows() {
   return chosen;
 }
 
-// Splits the output rows over the pool: aligned to the kernel's 16-row blocks
-// where there are enough rows, and not at all for products too small to pay
-// for waking a thread.
+// Splits the output rows into chunks that the pool's threads take as they
+// free up: aligned to the kernel's 16-row blocks, about 8 per thread (so a
+// thread the OS runs late leaves little to wait for), and none for products
+// too small to pay for waking a thread.
 void compute(const Args& a) {
   const int64_t macs = (int64_t)a.M * a.N * a.K;
-  int parts = std::min(grove_cpu::pool_size(), std::max(1, a.N / 16));
-  if (macs < (1 << 16)) parts = 1;
-  const int align = a.N >= 16 * parts ? 16 : 4;
-  const int per = ((a.N + parts - 1) / parts + align - 1) / align * align;
-  const RowsFn rows = kernel_rows();
+  const int threads = macs < (1 << 16) ? 1 : grove_cpu::pool_size();
+  int rows = a.N;
+  if (threads > 1) {
+    const int want = (a.N + threads * 8 - 1) / (threads * 8);
+    rows = std::min(a.N, std::max(16, (want + 15) / 16 * 16));
+    rows = std::max(rows, (a.N + 65534) / 65535);
+  }
+  const int n = (a.N + rows - 1) / rows;
+  const RowsFn fn = kernel_rows();
   const long scratch = a.M >= 4 ? grove_qmm::scratch_floats(a) : 0;
-  std::vector<float> buf(scratch * parts);
-  auto part = [&](int i) {
-    const int n0 = std::min(a.N, i * per), n1 = std::min(a.N, (i + 1) * per);
-    if (n0 < n1) rows(a, n0, n1, buf.data() + scratch * i);
+  std::vector<float> buf(scratch * grove_cpu::pool_size());
+  auto part = [&](int c, int thread) {
+    const int n0 = c * rows, n1 = std::min(a.N, n0 + rows);
+    fn(a, n0, n1, buf.data() + scratch * thread);
   };
-  grove_cpu::parallel(parts, part);
+  if (threads == 1) {
+    for (int c = 0; c < n; c++) part(c, 0);
+  } else {
+    grove_cpu::chunks(n, part);
+  }
 }
 
 // ---- 2. Reading MLX's arrays --------------------------------------------------

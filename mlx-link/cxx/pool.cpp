@@ -36,9 +36,12 @@ inline void relax() {
 #endif
 }
 
-// Workers 1..n-1 (the caller is part 0). A job is published by bumping `gen`;
-// each worker runs its part and decrements `pending`. Idle workers spin for
-// SPIN_US after their last part, then sleep on the condition variable. The
+// Workers 1..n-1 beside the calling thread (thread 0). A job is a number of
+// chunks that any thread takes one at a time (a compare-and-swap on one word
+// holding the job's generation, its chunk count and the next chunk), so a
+// worker the OS has not scheduled yet holds nothing up: the caller takes the
+// chunks left and waits only for those already taken. Idle workers spin for
+// SPIN_US after their last chunk, then sleep on the condition variable. The
 // pool lives as long as the process (see pool()).
 class Pool {
  public:
@@ -47,53 +50,68 @@ class Pool {
   }
   int size() const { return n_; }
 
-  // Runs part(i) for i in [0, parts) with parts <= size(); returns when all
-  // ran. The job is a plain function and context pointer: nothing is
-  // allocated per product (a decode step runs hundreds).
-  void run(int parts, void (*fn)(void*, int), void* ctx) {
-    if (parts <= 1) {
-      fn(ctx, 0);
+  // Runs fn(ctx, c, thread) for every chunk c in [0, chunks) and returns
+  // when all ran. Nothing is allocated per job (a decode step runs hundreds).
+  void run(int chunks, grove_cpu::ChunkFn fn, void* ctx) {
+    if (chunks <= 0) return;
+    if (chunks == 1 || n_ == 1 || chunks > 0xffff) {
+      for (int c = 0; c < chunks; c++) fn(ctx, c, 0);
       return;
     }
     std::lock_guard<std::mutex> one_job(run_m_);
     fn_ = fn;
     ctx_ = ctx;
-    parts_ = parts;
-    pending_.store(parts - 1);
-    gen_.fetch_add(1);
+    done_.store(0, std::memory_order_relaxed);
+    const uint64_t gen = ++gens_ & 0xffffffffu;
+    job_.store(gen << 32 | (uint64_t)chunks << 16, std::memory_order_release);
     if (sleeping_.load() > 0) {
       { std::lock_guard<std::mutex> lk(m_); }
       cv_.notify_all();
     }
-    fn(ctx, 0);
-    while (pending_.load(std::memory_order_acquire) != 0) relax();
+    take(gen, 0);
+    while (done_.load(std::memory_order_acquire) != chunks) relax();
   }
 
  private:
   static constexpr int SPIN_US = 300;
 
+  // Runs chunks of job `gen` while it has any left.
+  void take(uint64_t gen, int thread) {
+    uint64_t v = job_.load(std::memory_order_acquire);
+    for (;;) {
+      if (v >> 32 != gen) return;
+      const uint64_t chunks = v >> 16 & 0xffff, next = v & 0xffff;
+      if (next >= chunks) return;
+      if (job_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel)) {
+        // The job cannot finish (and its fields change) before this chunk
+        // is counted done.
+        fn_(ctx_, static_cast<int>(next), thread);
+        done_.fetch_add(1, std::memory_order_release);
+        v = job_.load(std::memory_order_acquire);
+      }
+    }
+  }
+
   void work(int index) {
-    // The generation the pool was built with, not gen_'s value when this
+    // The generation the pool was built with, not the job word's when this
     // thread first runs: a job may already have been published by then.
     uint64_t seen = 0;
+    auto current = [this] { return job_.load(std::memory_order_acquire) >> 32; };
     for (;;) {
       auto since = std::chrono::steady_clock::now();
       int spins = 0;
-      while (gen_.load(std::memory_order_acquire) == seen) {
+      while (current() == seen) {
         relax();
         if (++spins % 256 == 0 &&
             std::chrono::steady_clock::now() - since > std::chrono::microseconds(SPIN_US)) {
           std::unique_lock<std::mutex> lk(m_);
           sleeping_.fetch_add(1);
-          cv_.wait(lk, [&] { return gen_.load() != seen; });
+          cv_.wait(lk, [&] { return current() != seen; });
           sleeping_.fetch_sub(1);
         }
       }
-      seen = gen_.load();
-      if (index < parts_) {
-        fn_(ctx_, index);
-        pending_.fetch_sub(1, std::memory_order_release);
-      }
+      seen = current();
+      take(seen, index);
     }
   }
 
@@ -101,12 +119,13 @@ class Pool {
   std::mutex m_;
   std::mutex run_m_;  // one job at a time (several CPU streams may call)
   std::condition_variable cv_;
-  std::atomic<uint64_t> gen_{0};
-  std::atomic<int> pending_{0};
+  // generation << 32 | chunks << 16 | next chunk
+  std::atomic<uint64_t> job_{0};
+  std::atomic<int> done_{0};
   std::atomic<int> sleeping_{0};
-  void (*fn_)(void*, int) = nullptr;
+  uint64_t gens_ = 0;
+  grove_cpu::ChunkFn fn_ = nullptr;
   void* ctx_ = nullptr;
-  int parts_ = 0;
 };
 
 Pool& pool() {
@@ -124,8 +143,8 @@ int pool_size() {
   return pool().size();
 }
 
-void parallel(int parts, void (*fn)(void*, int), void* ctx) {
-  pool().run(parts, fn, ctx);
+void chunks(int n, ChunkFn fn, void* ctx) {
+  pool().run(n, fn, ctx);
 }
 
 }  // namespace grove_cpu

@@ -9,14 +9,18 @@ namespace grove_cpu {
 // Threads a job may use, the caller included.
 int pool_size();
 
-// Runs fn(ctx, i) for i in [0, parts) (parts <= pool_size()) and returns when
-// all ran; part 0 runs on the calling thread.
-void parallel(int parts, void (*fn)(void*, int), void* ctx);
+// One chunk of a job: fn(ctx, chunk, thread), thread in [0, pool_size()).
+typedef void (*ChunkFn)(void* ctx, int chunk, int thread);
 
-// The same over a callable, without allocating.
+// Runs fn for every chunk in [0, n) (n < 65536) on whichever threads are
+// free, the caller's included, and returns when all ran. No chunk waits for
+// a thread that has not started: the threads running take the rest.
+void chunks(int n, ChunkFn fn, void* ctx);
+
+// The same over a callable `part(chunk, thread)`, without allocating.
 template <class F>
-void parallel(int parts, F& part) {
-  parallel(parts, [](void* ctx, int i) { (*static_cast<F*>(ctx))(i); }, &part);
+void chunks(int n, F& part) {
+  chunks(n, [](void* ctx, int c, int t) { (*static_cast<F*>(ctx))(c, t); }, &part);
 }
 
 }  // namespace grove_cpu
