@@ -43,23 +43,26 @@ inline int64_t attn_pad(int64_t n, int64_t to) {
   return (n + to - 1) / to * to;
 }
 
-// Floats of scratch one call of `attention_unit` needs.
+// Floats of scratch one call of `attention_rows` or `attention_tiles` needs.
 inline int64_t attn_scratch_floats(const AttnArgs& a) {
   const int64_t lk = attn_pad(a.Lk, 16);
-  const int64_t rep = a.Hq / a.Hkv;
-  const int64_t rows = rep * (a.Lq < ROW_PATH_MAX ? a.Lq : 1);
-  const int64_t row_path = rows * (lk + a.D + a.Dv);
+  const int64_t row_path = lk + a.D;
   const int64_t tiled = a.D * lk + ATTN_TILE * (lk + a.D);
   return row_path > tiled ? row_path : tiled;
 }
 
-// Every head of key/value head g in batch row b, for query positions
-// [q0, q1), into a.out; one build each, only those the CPU runs are called.
+// One build each, only those the CPU runs are called:
+// - attention_rows (Lq < ROW_PATH_MAX): query head h of batch row b, all
+//   positions;
+// - attention_tiles: every query head of key/value head g in batch row b,
+//   for query positions [q0, q1).
 namespace avx2 {
-void attention_unit(const AttnArgs& a, int b, int g, int q0, int q1, float* scratch);
+void attention_rows(const AttnArgs& a, int b, int h, float* scratch);
+void attention_tiles(const AttnArgs& a, int b, int g, int q0, int q1, float* scratch);
 }
 namespace base {
-void attention_unit(const AttnArgs& a, int b, int g, int q0, int q1, float* scratch);
+void attention_rows(const AttnArgs& a, int b, int h, float* scratch);
+void attention_tiles(const AttnArgs& a, int b, int g, int q0, int q1, float* scratch);
 }
 
 }  // namespace grove_qmm

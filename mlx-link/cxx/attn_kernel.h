@@ -10,9 +10,9 @@
 // on whole vectors (MLX 0.32's CPU softmax calls it one value at a time).
 //
 // Two paths:
-// - fewer than ROW_PATH_MAX query positions (decode): the rows of every head
-//   sharing a key/value head are scored together, so each key and value is
-//   read once for all of them;
+// - fewer than ROW_PATH_MAX query positions (decode): one query head at a
+//   time (units enough to balance threads at batch 1), four keys scored per
+//   load of the query and the weighted values summed in registers;
 // - more (prompts): the unit's keys are transposed once into scratch, then
 //   tiles of ATTN_TILE queries by 16 keys are scored in registers, and the
 //   values are summed into tiles of ATTN_TILE queries by 4 vectors.
@@ -113,50 +113,64 @@ static inline float dot(const float* x, const float* y, int d) {
   return hsum(s0 + s1);
 }
 
-// Decode: every head of group g at the (fewer than ROW_PATH_MAX) positions.
-static void row_path(const AttnArgs& a, int b, int g, float* scratch) {
-  const int rep = a.Hq / a.Hkv, rows = rep * a.Lq;
+// Four keys' scores at once (keys k, k + ks, k + 2 ks, k + 3 ks): each
+// load of q serves four products.
+static inline void dot4(const float* q, const float* k, int64_t ks, int d, float* out) {
+  vf s0 = vf{}, s1 = vf{}, s2 = vf{}, s3 = vf{};
+  for (int x = 0; x < d; x += VL) {
+    const vf qv = load(q + x);
+    s0 += qv * load(k + x);
+    s1 += qv * load(k + ks + x);
+    s2 += qv * load(k + 2 * ks + x);
+    s3 += qv * load(k + 3 * ks + x);
+  }
+  out[0] = hsum(s0);
+  out[1] = hsum(s1);
+  out[2] = hsum(s2);
+  out[3] = hsum(s3);
+}
+
+// out[c0 .. c0 + NC*VL) = inv * sum_{j < n} p[j] * v[j][c0 ..), the sums in
+// registers.
+template <int NC>
+static inline void weighted_values(const float* p, const float* v, int64_t vs, int n, int c0,
+                                   float inv, float* out) {
+  vf acc[NC];
+  for (int c = 0; c < NC; c++) acc[c] = vf{};
+  for (int j = 0; j < n; j++) {
+    const vf pj = splat(p[j]);
+    const float* vj = v + j * vs + c0;
+    for (int c = 0; c < NC; c++) acc[c] += pj * load(vj + c * VL);
+  }
+  for (int c = 0; c < NC; c++) store(out + c0 + c * VL, acc[c] * splat(inv));
+}
+
+// Decode: query head h at its (fewer than ROW_PATH_MAX) positions.
+static void row_path(const AttnArgs& a, int b, int h, float* scratch) {
+  const int g = h / (a.Hq / a.Hkv), off = a.Lk - a.Lq;
   const int64_t lk = attn_pad(a.Lk, 16);
-  float* S = scratch;                  // rows x lk
-  float* Q = S + rows * lk;            // rows x D
-  float* O = Q + (int64_t)rows * a.D;  // rows x Dv
-  int lim[ROW_PATH_MAX * 64];  // rows <= 3 * 64 (checked by the caller)
-  const int off = a.Lk - a.Lq;
-  for (int r = 0; r < rows; r++) {
-    const int h = g * rep + r / a.Lq, i = r % a.Lq;
-    const float* q = a.q + b * a.qs[0] + h * a.qs[1] + i * a.qs[2];
-    for (int d = 0; d < a.D; d++) Q[(int64_t)r * a.D + d] = q[d] * a.scale;
-    lim[r] = a.mask == MASK_CAUSAL ? i + off + 1 : a.Lk;
-  }
-  int kmax = 0;
-  for (int r = 0; r < rows; r++) kmax = lim[r] > kmax ? lim[r] : kmax;
+  float* s = scratch;  // lk
+  float* Q = s + lk;   // D
   const float* kb = a.k + b * a.ks[0] + g * a.ks[1];
-  for (int j = 0; j < kmax; j++) {
-    const float* kj = kb + j * a.ks[2];
-    for (int r = 0; r < rows; r++)
-      if (j < lim[r]) S[r * lk + j] = dot(Q + (int64_t)r * a.D, kj, a.D);
-  }
-  float inv[ROW_PATH_MAX * 64];
-  for (int r = 0; r < rows; r++) {
-    const int h = g * rep + r / a.Lq, i = r % a.Lq;
-    apply_mask(a, b, h, i, S + r * lk, lim[r]);
-    inv[r] = 1.0f / softmax_row(S + r * lk, lim[r], a.sinks ? a.sinks + h : nullptr);
-    for (int d = 0; d < a.Dv; d += VL) store(O + (int64_t)r * a.Dv + d, vf{});
-  }
   const float* vb = a.v + b * a.vs[0] + g * a.vs[1];
-  for (int j = 0; j < kmax; j++) {
-    const float* vj = vb + j * a.vs[2];
-    for (int r = 0; r < rows; r++) {
-      if (j >= lim[r]) continue;
-      const vf p = splat(S[r * lk + j]);
-      float* o = O + (int64_t)r * a.Dv;
-      for (int d = 0; d < a.Dv; d += VL) store(o + d, load(o + d) + p * load(vj + d));
-    }
-  }
-  for (int r = 0; r < rows; r++) {
-    const int h = g * rep + r / a.Lq, i = r % a.Lq;
+  for (int i = 0; i < a.Lq; i++) {
+    const float* q = a.q + b * a.qs[0] + h * a.qs[1] + i * a.qs[2];
+    for (int d = 0; d < a.D; d++) Q[d] = q[d] * a.scale;
+    const int lim = a.mask == MASK_CAUSAL ? i + off + 1 : a.Lk;
+    int j = 0;
+    for (; j + 4 <= lim; j += 4) dot4(Q, kb + j * a.ks[2], a.ks[2], a.D, s + j);
+    for (; j < lim; j++) s[j] = dot(Q, kb + j * a.ks[2], a.D);
+    apply_mask(a, b, h, i, s, lim);
+    const float inv = 1.0f / softmax_row(s, lim, a.sinks ? a.sinks + h : nullptr);
     float* out = a.out + (((int64_t)b * a.Hq + h) * a.Lq + i) * a.Dv;
-    for (int d = 0; d < a.Dv; d += VL) store(out + d, load(O + (int64_t)r * a.Dv + d) * splat(inv[r]));
+    for (int c0 = 0; c0 < a.Dv; c0 += 4 * VL) {
+      switch ((a.Dv - c0) / VL < 4 ? (a.Dv - c0) / VL : 4) {
+        case 4: weighted_values<4>(s, vb, a.vs[2], lim, c0, inv, out); break;
+        case 3: weighted_values<3>(s, vb, a.vs[2], lim, c0, inv, out); break;
+        case 2: weighted_values<2>(s, vb, a.vs[2], lim, c0, inv, out); break;
+        default: weighted_values<1>(s, vb, a.vs[2], lim, c0, inv, out); break;
+      }
+    }
   }
 }
 
@@ -254,12 +268,12 @@ static void tiled_path(const AttnArgs& a, int b, int g, int q0, int q1, float* s
   }
 }
 
-void attention_unit(const AttnArgs& a, int b, int g, int q0, int q1, float* scratch) {
-  if (a.Lq < ROW_PATH_MAX) {
-    row_path(a, b, g, scratch);
-  } else {
-    tiled_path(a, b, g, q0, q1, scratch);
-  }
+void attention_rows(const AttnArgs& a, int b, int h, float* scratch) {
+  row_path(a, b, h, scratch);
+}
+
+void attention_tiles(const AttnArgs& a, int b, int g, int q0, int q1, float* scratch) {
+  tiled_path(a, b, g, q0, q1, scratch);
 }
 
 }  // namespace GROVE_QMM_NS

@@ -249,10 +249,16 @@ class GroveRope : public CpuOnly {
 
 // ---- 4. Attention ----------------------------------------------------------------
 
-typedef void (*AttnFn)(const AttnArgs&, int, int, int, int, float*);
+typedef void (*RowsFn)(const AttnArgs&, int, int, float*);
+typedef void (*TilesFn)(const AttnArgs&, int, int, int, int, float*);
 
-AttnFn attention_fn() {
-  static const AttnFn chosen = avx2_or_base(ATTENTION(attention_unit));
+RowsFn attention_rows_fn() {
+  static const RowsFn chosen = avx2_or_base(ATTENTION(attention_rows));
+  return chosen;
+}
+
+TilesFn attention_tiles_fn() {
+  static const TilesFn chosen = avx2_or_base(ATTENTION(attention_tiles));
   return chosen;
 }
 
@@ -294,21 +300,27 @@ class GroveAttention : public CpuOnly {
                }
                a.sinks = has_sinks ? grove_cpu::row_major<float>(sinks, st) : nullptr;
                a.out = out.data<float>();
-               const AttnFn fn = attention_fn();
                const bool rows = a.Lq < grove_qmm::ROW_PATH_MAX;
-               const int qblocks = rows ? 1 : (a.Lq + grove_qmm::ATTN_QB - 1) / grove_qmm::ATTN_QB;
-               const int units = a.B * a.Hkv * qblocks;
                const int64_t scratch = grove_qmm::attn_scratch_floats(a);
-               const int threads = grove_cpu::pool_size();
-               std::unique_ptr<float[]> buf(new float[scratch * threads]);
+               std::unique_ptr<float[]> buf(new float[scratch * grove_cpu::pool_size()]);
                const int64_t work = (int64_t)a.B * a.Hq * a.Lq * a.Lk * a.D;
-               // Later query blocks see more keys: hand them out first.
-               for_units(units, work, [&](int u, int part) {
+               if (rows) {
+                 // Decode: one unit per query head.
+                 const RowsFn fn = attention_rows_fn();
+                 for_units(a.B * a.Hq, work, [&](int u, int thread) {
+                   fn(a, u / a.Hq, u % a.Hq, buf.get() + scratch * thread);
+                 });
+                 return;
+               }
+               // Prompts: one unit per key/value head and 64 query positions;
+               // later blocks see more keys, so they are handed out first.
+               const TilesFn fn = attention_tiles_fn();
+               const int qblocks = (a.Lq + grove_qmm::ATTN_QB - 1) / grove_qmm::ATTN_QB;
+               for_units(a.B * a.Hkv * qblocks, work, [&](int u, int thread) {
                  const int qb = qblocks - 1 - u % qblocks, bg = u / qblocks;
-                 const int b = bg / a.Hkv, g = bg % a.Hkv;
-                 const int q0 = rows ? 0 : qb * grove_qmm::ATTN_QB;
-                 const int q1 = rows ? a.Lq : std::min(a.Lq, q0 + grove_qmm::ATTN_QB);
-                 fn(a, b, g, q0, q1, buf.get() + scratch * part);
+                 const int q0 = qb * grove_qmm::ATTN_QB;
+                 const int q1 = std::min(a.Lq, q0 + grove_qmm::ATTN_QB);
+                 fn(a, bg / a.Hkv, bg % a.Hkv, q0, q1, buf.get() + scratch * thread);
                });
              });
   }
@@ -449,7 +461,7 @@ int grove_cpu_sdpa(mlx_array* res, mlx_array q, mlx_array k, mlx_array v, float 
     if (ka.shape(0) != B || va.shape(0) != B || ka.shape(3) != D || va.shape(1) != Hkv ||
         va.shape(2) != Lk)
       return 1;
-    if (Hkv < 1 || Hq % Hkv != 0 || Hq / Hkv > 64 || D % 8 != 0 || Dv % 8 != 0 || Lk < 1) return 1;
+    if (Hkv < 1 || Hq % Hkv != 0 || D % 8 != 0 || Dv % 8 != 0 || Lk < 1) return 1;
     std::vector<array> inputs{qa, ka, va};
     int kind = grove_qmm::MASK_NONE;
     if (mask_kind == 1) {
