@@ -66,9 +66,11 @@ static inline float vmax_lanes(vf v) {
   return m;
 }
 
-// The mask's effect on scores s[0..n) of query i of head h in batch row b.
-static inline void apply_mask(const AttnArgs& a, int b, int h, int i, float* s, int n) {
-  const int64_t base = b * a.ms[0] + h * a.ms[1] + i * a.ms[2];
+// The mask's effect on scores s[0..n) (keys j0 + 0..n) of query i of head h
+// in batch row b.
+static inline void apply_mask(const AttnArgs& a, int b, int h, int i, float* s, int n,
+                              int j0 = 0) {
+  const int64_t base = b * a.ms[0] + h * a.ms[1] + i * a.ms[2] + j0 * a.ms[3];
   if (a.mask == MASK_BOOL) {
     const uint8_t* m = static_cast<const uint8_t*>(a.m) + base;
     for (int j = 0; j < n; j++)
@@ -210,6 +212,29 @@ static inline void value_tile(const float* S, int64_t lk, const float* vb, int64
   }
 }
 
+// The keys a boolean mask lets the tile's rows (queries i0 .. i0 + nr of
+// head h) see: [*jb, *je) from the 16-key block of the first allowed to the
+// last allowed plus one; unchanged (all keys) when some row allows none.
+static void bool_span(const AttnArgs& a, int b, int h, int i0, int nr, int* jb, int* je) {
+  int lo = a.Lk, hi = 0;
+  for (int r = 0; r < nr; r++) {
+    const uint8_t* m = static_cast<const uint8_t*>(a.m) + b * a.ms[0] + h * a.ms[1] +
+                       (i0 + r) * a.ms[2];
+    int first = -1, last = -1;
+    for (int j = 0; j < a.Lk; j++) {
+      if (m[j * a.ms[3]]) {
+        if (first < 0) first = j;
+        last = j;
+      }
+    }
+    if (first < 0) return;
+    lo = first < lo ? first : lo;
+    hi = last + 1 > hi ? last + 1 : hi;
+  }
+  *jb = lo / 16 * 16;
+  *je = hi;
+}
+
 // Prompts: positions [q0, q1) of every head of group g.
 static void tiled_path(const AttnArgs& a, int b, int g, int q0, int q1, float* scratch) {
   const int rep = a.Hq / a.Hkv, off = a.Lk - a.Lq;
@@ -240,24 +265,36 @@ static void tiled_path(const AttnArgs& a, int b, int g, int q0, int q1, float* s
         lim[r] = causal ? i + off + 1 : a.Lk;
       }
       const int kt = lim[ATTN_TILE - 1];
+      // Keys [jb, kt) are scored: all of them, but under a boolean mask only
+      // from the block of the tile's first allowed key to its last (a
+      // sliding window's mask hides most of a long prompt's keys). Keys a
+      // boolean mask hides score float32's lowest value, whose weight is
+      // exactly 0 beside any allowed key, so skipping them changes nothing;
+      // a tile with a row that allows none is scored whole (MLX's softmax is
+      // then uniform over all keys).
+      int jb = 0, je = kt;
+      if (a.mask == MASK_BOOL) bool_span(a, b, h, i0, nr, &jb, &je);
+      if (a.mask == MASK_BOOL)
+        for (int r = 0; r < ATTN_TILE; r++) lim[r] = je;
       // 3. Scores, masked; each row's softmax weights in place.
-      for (int j0 = 0; j0 < kt; j0 += 16) score_tile(Q, Kt, lk, a.D, j0, S);
+      for (int j0 = jb; j0 < je; j0 += 16) score_tile(Q, Kt, lk, a.D, j0, S);
       float inv[ATTN_TILE];
       for (int r = 0; r < ATTN_TILE; r++) {
-        float* s = S + r * lk;
-        apply_mask(a, b, h, i0 + (r < nr ? r : nr - 1), s, lim[r]);
-        inv[r] = 1.0f / softmax_row(s, lim[r], a.sinks ? a.sinks + h : nullptr);
-        for (int j = (int)attn_pad(lim[r], VL); j < kt; j++) s[j] = 0.0f;
+        float* s = S + r * lk + jb;
+        apply_mask(a, b, h, i0 + (r < nr ? r : nr - 1), s, lim[r] - jb, jb);
+        inv[r] = 1.0f / softmax_row(s, lim[r] - jb, a.sinks ? a.sinks + h : nullptr);
+        for (int j = (int)attn_pad(lim[r] - jb, VL); j < je - jb; j++) s[j] = 0.0f;
       }
       // 4. Weighted values, 4 vectors of features at a time.
       vf acc[ATTN_TILE][4];
+      const float* vj = vb + jb * a.vs[2];
       for (int c0 = 0; c0 < a.Dv; c0 += 4 * VL) {
         const int nc = (a.Dv - c0) / VL < 4 ? (a.Dv - c0) / VL : 4;
         switch (nc) {
-          case 4: value_tile<4>(S, lk, vb, a.vs[2], kt, c0, acc); break;
-          case 3: value_tile<3>(S, lk, vb, a.vs[2], kt, c0, acc); break;
-          case 2: value_tile<2>(S, lk, vb, a.vs[2], kt, c0, acc); break;
-          default: value_tile<1>(S, lk, vb, a.vs[2], kt, c0, acc); break;
+          case 4: value_tile<4>(S + jb, lk, vj, a.vs[2], je - jb, c0, acc); break;
+          case 3: value_tile<3>(S + jb, lk, vj, a.vs[2], je - jb, c0, acc); break;
+          case 2: value_tile<2>(S + jb, lk, vj, a.vs[2], je - jb, c0, acc); break;
+          default: value_tile<1>(S + jb, lk, vj, a.vs[2], je - jb, c0, acc); break;
         }
         for (int r = 0; r < nr; r++) {
           float* out = a.out + (((int64_t)b * a.Hq + h) * a.Lq + i0 + r) * a.Dv + c0;

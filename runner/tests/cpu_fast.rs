@@ -125,6 +125,10 @@ enum M {
     Causal,
     Bool,
     Add,
+    /// Causal within a sliding window of 20 keys (Gemma's local layers).
+    Window,
+    /// The padding mask with query 0 seeing no key at all.
+    NoKeys,
 }
 
 struct Attn {
@@ -173,6 +177,27 @@ fn check_attention(c: &Attn, seed: u64) {
         j.ge(&r).unwrap().logical_or(&j.eq(&last).unwrap()).unwrap()
     };
     let additive = normal(&[c.lq, c.lk], seed + 3);
+    let window = {
+        let i = Array::arange::<_, i32>(c.lk - c.lq, c.lk, None)
+            .unwrap()
+            .reshape(&[-1, 1])
+            .unwrap();
+        let j = Array::arange::<_, i32>(None, c.lk, None)
+            .unwrap()
+            .reshape(&[1, -1])
+            .unwrap();
+        let near = j.gt(&i.subtract(Array::from_int(20)).unwrap()).unwrap();
+        j.le(&i).unwrap().logical_and(&near).unwrap()
+    };
+    let no_keys = {
+        let row = Array::arange::<_, i32>(None, c.lq, None)
+            .unwrap()
+            .reshape(&[1, 1, -1, 1])
+            .unwrap();
+        allowed
+            .logical_and(&row.gt(Array::from_int(0)).unwrap())
+            .unwrap()
+    };
     let sinks = normal(&[c.hq], seed + 4);
     let sinks = c.sinks.then_some(&sinks);
     let mask = |m: M| match m {
@@ -180,6 +205,8 @@ fn check_attention(c: &Attn, seed: u64) {
         M::Causal => Some(Mask::Causal),
         M::Bool => Some(Mask::Array(&allowed)),
         M::Add => Some(Mask::Array(&additive)),
+        M::Window => Some(Mask::Array(&window)),
+        M::NoKeys => Some(Mask::Array(&no_keys)),
     };
     let scale = (c.d as f32).powf(-0.5);
     let ours = cpu_fast::sdpa_always(&q, &k, &v, scale, mask(c.mask), sinks)
@@ -213,6 +240,9 @@ fn attention_matches_mlx() {
         (2, 9, 3, 6, 18, 64, 64, M::Bool, false, false),
         (1, 8, 2, 12, 12, 64, 64, M::Causal, true, false),
         (1, 9, 3, 8, 8, 64, 32, M::Causal, false, false),
+        (1, 4, 1, 100, 100, 64, 64, M::Window, false, false),
+        (1, 4, 2, 40, 140, 64, 64, M::Window, true, true),
+        (2, 9, 3, 9, 30, 64, 64, M::NoKeys, false, false),
     ];
     for (i, (b, hq, hkv, lq, lk, d, dv, mask, sinks, sliced)) in cases.into_iter().enumerate() {
         let c = Attn {
