@@ -10,6 +10,7 @@
 //!   broadcast over heads, attention sinks, grouped-query heads, head sizes
 //!   64/80/128 and a value size unlike the key's, keys and values as strided
 //!   slices of a larger cache buffer, and batches.
+//!
 //! Only the order of float32 sums differs, so the results agree to float32
 //! rounding. What a primitive does not cover is left to MLX (`None`).
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask as Mask};
@@ -78,8 +79,9 @@ fn rope_matches_mlx() {
         .unwrap()
         .add(Array::from_f32(1.0))
         .unwrap();
-    // (shape [B, H, L, D], dims, traditional, base, scale, offset, freqs, transposed)
-    let cases: Vec<(Vec<i32>, i32, bool, f32, i32, bool, bool)> = vec![
+    // (shape [B, H, L, D], dims, traditional, scale, offset, freqs, transposed)
+    type Case = (Vec<i32>, i32, bool, f32, i32, bool, bool);
+    let cases: Vec<Case> = vec![
         (vec![1, 9, 1, 64], 64, false, 1.0, 127, false, false),
         (vec![1, 3, 17, 64], 64, false, 1.0, 5, false, true),
         (vec![2, 4, 6, 64], 64, true, 0.5, 0, false, true),
@@ -174,7 +176,7 @@ fn check_attention(c: &Attn, seed: u64) {
             .reshape(&[-1, 1, 1, 1])
             .unwrap();
         let last = Array::from_int(c.lk - 1);
-        j.ge(&r).unwrap().logical_or(&j.eq(&last).unwrap()).unwrap()
+        j.ge(&r).unwrap().logical_or(j.eq(&last).unwrap()).unwrap()
     };
     let additive = normal(&[c.lq, c.lk], seed + 3);
     let window = {
@@ -186,7 +188,7 @@ fn check_attention(c: &Attn, seed: u64) {
             .unwrap()
             .reshape(&[1, -1])
             .unwrap();
-        let near = j.gt(&i.subtract(Array::from_int(20)).unwrap()).unwrap();
+        let near = j.gt(i.subtract(Array::from_int(20)).unwrap()).unwrap();
         j.le(&i).unwrap().logical_and(&near).unwrap()
     };
     let no_keys = {
@@ -195,7 +197,7 @@ fn check_attention(c: &Attn, seed: u64) {
             .reshape(&[1, 1, -1, 1])
             .unwrap();
         allowed
-            .logical_and(&row.gt(Array::from_int(0)).unwrap())
+            .logical_and(row.gt(Array::from_int(0)).unwrap())
             .unwrap()
     };
     let sinks = normal(&[c.hq], seed + 4);

@@ -50,10 +50,11 @@ pub(crate) fn primitive(
 
 /// `mx.fast.rms_norm(x, weight, eps)`.
 pub fn rms_norm(x: &Array, weight: Option<&Array>, eps: f32) -> Result<Array, Exception> {
-    if cpu_qmm::enabled() {
-        if let Some(out) = rms_norm_always(x, weight, eps) {
-            return out;
-        }
+    if let Some(out) = cpu_qmm::enabled()
+        .then(|| rms_norm_always(x, weight, eps))
+        .flatten()
+    {
+        return out;
     }
     fast::rms_norm(x, weight, eps)
 }
@@ -174,10 +175,11 @@ pub fn sdpa(
     mask: Option<ScaledDotProductAttentionMask<'_>>,
     sinks: Option<&Array>,
 ) -> Result<Array, Exception> {
-    if cpu_qmm::enabled() {
-        if let Some(out) = sdpa_always(q, k, v, scale, copy_mask(&mask), sinks) {
-            return out;
-        }
+    if let Some(out) = cpu_qmm::enabled()
+        .then(|| sdpa_always(q, k, v, scale, copy_mask(&mask), sinks))
+        .flatten()
+    {
+        return out;
     }
     fast::scaled_dot_product_attention(q, k, v, scale, mask, sinks)
 }
