@@ -163,6 +163,7 @@ fn build_cpu_qmm(manifest: &Path, mlx_c: &Path, mlx_include: &Path) {
         "attn_kernel.h",
         "cpu_fast.cpp",
         "cpu_qmm.cpp",
+        "isa.h",
         "pool.cpp",
         "pool.h",
         "qmm.h",

@@ -15,9 +15,7 @@
 // `grove_cpu_*` answer 1 (not covered: the caller uses MLX's op) for anything
 // else: other dtypes, shapes, or a device other than the CPU.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,9 +23,8 @@
 #include "act.h"
 #include "arrays.h"
 #include "attn.h"
-#include "mlx/allocator.h"
+#include "isa.h"
 #include "mlx/array.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "mlx/c/private/array.h"
 #include "mlx/c/private/stream.h"
 #include "mlx/primitives.h"
@@ -51,22 +48,6 @@ class CpuOnly : public UnaryPrimitive {
     return {inputs[0].shape()};
   }
 };
-
-// Gives `out` its buffer; before the task is built, since the task holds a
-// weak copy of `out` (its data pointer).
-void allocate(array& out) {
-  out.set_data(allocator::malloc(out.nbytes()));
-}
-
-// Registers `inputs` and `out` (allocated) with the stream's encoder and
-// queues `task`.
-template <class F>
-void dispatch(Stream s, const std::vector<array>& inputs, array& out, F&& task) {
-  auto& encoder = cpu::get_command_encoder(s);
-  for (auto& in : inputs) encoder.set_input_array(in);
-  encoder.set_output_array(out);
-  encoder.dispatch(std::forward<F>(task));
-}
 
 // A float32 array of 4 axes whose last is contiguous: its data and the
 // strides of the first three (gathered into `tmp` when the last is strided).
@@ -99,29 +80,16 @@ void for_units(int units, int64_t work, F&& unit) {
   grove_cpu::chunks(units, unit);
 }
 
-// Whether the AVX2+FMA build of the kernels runs here (the AVX-512 build of
-// the quantized matmul was slower on every path measured; the others have
-// none), unless GROVE_CPU_ISA=sse2 asks for the baseline.
-bool use_avx2() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  const char* forced = std::getenv("GROVE_CPU_ISA");
-  const bool sse2 = forced && std::string(forced) == "sse2";
-  return !sse2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
-
-// The AVX2 build of a kernel function where it runs, else the baseline's.
+// The AVX2 build of a kernel function where it runs (isa.h), else the
+// baseline's.
 template <class F>
 F avx2_or_base(F avx2, F base) {
-  return use_avx2() ? avx2 : base;
+  return grove_cpu::cpu_isa() != grove_cpu::Isa::Base ? avx2 : base;
 }
 #if defined(__x86_64__)
-#define ATTENTION(f) grove_qmm::avx2::f, grove_qmm::base::f
+#define BUILDS(f) grove_qmm::avx2::f, grove_qmm::base::f
 #else
-#define ATTENTION(f) grove_qmm::base::f, grove_qmm::base::f
+#define BUILDS(f) grove_qmm::base::f, grove_qmm::base::f
 #endif
 
 // ---- 2. RMS norm -----------------------------------------------------------------
@@ -133,17 +101,15 @@ class GroveRmsNorm : public CpuOnly {
   GroveRmsNorm(Stream s, float eps) : CpuOnly(s), eps_(eps) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
-    allocate(out);
-    dispatch(stream(), inputs, out,
-             [out = array::unsafe_weak_copy(out), x = array::unsafe_weak_copy(inputs[0]),
-              w = inputs.size() > 1 ? array::unsafe_weak_copy(inputs[1]) : array(1.0f),
-              has_w = inputs.size() > 1, eps = eps_]() mutable {
+    grove_cpu::dispatch(stream(), inputs, out,
+             [eps = eps_](const std::vector<array>& in, std::vector<array>& outs) {
+               const array& x = in[0];
                std::vector<float> xt, wt;
                const int n = x.shape(-1);
                const int64_t rows = n ? x.size() / n : 0;
                const float* xp = grove_cpu::row_major<float>(x, xt);
-               const float* wp = has_w ? grove_cpu::row_major<float>(w, wt) : nullptr;
-               float* op = out.data<float>();
+               const float* wp = in.size() > 1 ? grove_cpu::row_major<float>(in[1], wt) : nullptr;
+               float* op = outs[0].data<float>();
                const float inv_n = 1.0f / n;
                const int64_t per = 16;
                for_units((rows + per - 1) / per, rows * n, [&](int u, int) {
@@ -188,22 +154,20 @@ class GroveRope : public CpuOnly {
       : CpuOnly(s), dims_(dims), traditional_(traditional), scale_(scale) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
-    allocate(out);
-    dispatch(stream(), inputs, out,
-             [out = array::unsafe_weak_copy(out), x = array::unsafe_weak_copy(inputs[0]),
-              offset = array::unsafe_weak_copy(inputs[1]),
-              inv = array::unsafe_weak_copy(inputs[2]), dims = dims_, trad = traditional_,
-              scale = scale_]() mutable {
+    grove_cpu::dispatch(stream(), inputs, out,
+             [dims = dims_, trad = traditional_, scale = scale_](const std::vector<array>& in,
+                                                                  std::vector<array>& outs) {
+               const array &x = in[0], &offset = in[1];
                std::vector<float> xt, it;
                std::vector<int32_t> ot;
                int64_t xs[3];
                const float* xp = view4(x, xt, xs);
                const int32_t* op = grove_cpu::row_major<int32_t>(offset, ot);
-               const float* ip = grove_cpu::row_major<float>(inv, it);
+               const float* ip = grove_cpu::row_major<float>(in[2], it);
                const int B = x.shape(0), H = x.shape(1), L = x.shape(2), D = x.shape(3);
                const int half = dims / 2;
                const bool per_row = offset.size() > 1;
-               float* o = out.data<float>();
+               float* o = outs[0].data<float>();
                std::vector<float> cs((size_t)L * half * 2);
                for (int b = 0; b < B; b++) {
                  if (b == 0 || per_row) {
@@ -253,12 +217,12 @@ typedef void (*RowsFn)(const AttnArgs&, int, int, float*);
 typedef void (*TilesFn)(const AttnArgs&, int, int, int, int, float*);
 
 RowsFn attention_rows_fn() {
-  static const RowsFn chosen = avx2_or_base(ATTENTION(attention_rows));
+  static const RowsFn chosen = avx2_or_base(BUILDS(attention_rows));
   return chosen;
 }
 
 TilesFn attention_tiles_fn() {
-  static const TilesFn chosen = avx2_or_base(ATTENTION(attention_tiles));
+  static const TilesFn chosen = avx2_or_base(BUILDS(attention_tiles));
   return chosen;
 }
 
@@ -270,14 +234,10 @@ class GroveAttention : public CpuOnly {
       : CpuOnly(s), scale_(scale), mask_(mask), sinks_(sinks) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
-    const bool has_mask = mask_ == grove_qmm::MASK_BOOL || mask_ == grove_qmm::MASK_ADD;
-    allocate(out);
-    dispatch(stream(), inputs, out,
-             [out = array::unsafe_weak_copy(out), q = array::unsafe_weak_copy(inputs[0]),
-              k = array::unsafe_weak_copy(inputs[1]), v = array::unsafe_weak_copy(inputs[2]),
-              m = has_mask ? array::unsafe_weak_copy(inputs[3]) : array(0.0f),
-              sinks = sinks_ ? array::unsafe_weak_copy(inputs.back()) : array(0.0f),
-              scale = scale_, mask = mask_, has_sinks = sinks_]() mutable {
+    grove_cpu::dispatch(stream(), inputs, out,
+             [scale = scale_, mask = mask_, has_sinks = sinks_](const std::vector<array>& in,
+                                                                 std::vector<array>& outs) {
+               const array &q = in[0], &k = in[1], &v = in[2];
                std::vector<float> qt, kt, vt, st;
                AttnArgs a{};
                a.q = view4(q, qt, a.qs);
@@ -289,6 +249,7 @@ class GroveAttention : public CpuOnly {
                a.mask = mask;
                if (mask == grove_qmm::MASK_BOOL || mask == grove_qmm::MASK_ADD) {
                  // Right-aligned broadcast strides; 0 along broadcast axes.
+                 const array& m = in[3];
                  const int nd = m.ndim();
                  const int full[4] = {a.B, a.Hq, a.Lq, a.Lk};
                  for (int i = 0; i < 4; i++) {
@@ -298,8 +259,8 @@ class GroveAttention : public CpuOnly {
                  a.m = mask == grove_qmm::MASK_BOOL ? static_cast<const void*>(m.data<uint8_t>())
                                                     : static_cast<const void*>(m.data<float>());
                }
-               a.sinks = has_sinks ? grove_cpu::row_major<float>(sinks, st) : nullptr;
-               a.out = out.data<float>();
+               a.sinks = has_sinks ? grove_cpu::row_major<float>(in.back(), st) : nullptr;
+               a.out = outs[0].data<float>();
                const bool rows = a.Lq < grove_qmm::ROW_PATH_MAX;
                const int64_t scratch = grove_qmm::attn_scratch_floats(a);
                std::unique_ptr<float[]> buf(new float[scratch * grove_cpu::pool_size()]);
@@ -347,7 +308,7 @@ class GroveAttention : public CpuOnly {
 typedef void (*GatedFn)(int, const float*, const float*, float*, int64_t);
 
 GatedFn gated_fn() {
-  static const GatedFn chosen = avx2_or_base(ATTENTION(gated));
+  static const GatedFn chosen = avx2_or_base(BUILDS(gated));
   return chosen;
 }
 
@@ -357,15 +318,13 @@ class GroveGated : public CpuOnly {
   GroveGated(Stream s, int act) : CpuOnly(s), act_(act) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
-    allocate(out);
-    dispatch(stream(), inputs, out,
-             [out = array::unsafe_weak_copy(out), g = array::unsafe_weak_copy(inputs[0]),
-              u = array::unsafe_weak_copy(inputs[1]), act = act_]() mutable {
+    grove_cpu::dispatch(stream(), inputs, out,
+             [act = act_](const std::vector<array>& in, std::vector<array>& outs) {
                std::vector<float> gt, ut;
-               const float* gp = grove_cpu::row_major<float>(g, gt);
-               const float* up = grove_cpu::row_major<float>(u, ut);
-               float* op = out.data<float>();
-               const int64_t n = out.size(), per = 1 << 14;
+               const float* gp = grove_cpu::row_major<float>(in[0], gt);
+               const float* up = grove_cpu::row_major<float>(in[1], ut);
+               float* op = outs[0].data<float>();
+               const int64_t n = outs[0].size(), per = 1 << 14;
                const GatedFn fn = gated_fn();
                for_units((n + per - 1) / per, n * 8, [&](int c, int) {
                  const int64_t i = c * per;

@@ -11,17 +11,14 @@
 // float32 x, float32/float16/bfloat16 scales and biases, `x @ W^T` with W 2-D.
 // Anything else makes `grove_cpu_qmm` return 1 and the caller uses MLX's op.
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <vector>
 
-#include "mlx/allocator.h"
 #include "mlx/array.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "mlx/c/private/array.h"
 #include "mlx/c/private/stream.h"
 #include "mlx/primitives.h"
 #include "arrays.h"
+#include "isa.h"
 #include "pool.h"
 #include "qmm.h"
 
@@ -35,20 +32,13 @@ using grove_qmm::Args;
 typedef void (*RowsFn)(const Args&, int, int, float*);
 
 RowsFn pick_rows() {
-  const char* forced = std::getenv("GROVE_CPU_ISA");
-  const std::string want = forced ? forced : "";
+  switch (grove_cpu::cpu_isa()) {
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl");
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  // AVX-512 only when asked for: on the Xeon this was measured on, its build
-  // was slower than AVX2's on every path (decode from memory 8.2 vs 8.8
-  // Gweights/s per thread, from L2 11 vs 13, prefill 65 vs 85 GFLOP/s).
-  if (avx512 && want == "avx512") return grove_qmm::avx512::rows;
-  if (avx2 && want != "sse2") return grove_qmm::avx2::rows;
+    case grove_cpu::Isa::Avx512: return grove_qmm::avx512::rows;
+    case grove_cpu::Isa::Avx2: return grove_qmm::avx2::rows;
 #endif
-  return grove_qmm::base::rows;  // SSE2 on x86-64, NEON on arm64
+    default: return grove_qmm::base::rows;  // SSE2 on x86-64, NEON on arm64
+  }
 }
 
 RowsFn kernel_rows() {
@@ -104,16 +94,10 @@ class GroveQuantizedMatmul : public UnaryPrimitive {
       : UnaryPrimitive(s), group_size_(group_size), bits_(bits) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
-    auto& encoder = cpu::get_command_encoder(stream());
-    out.set_data(allocator::malloc(out.nbytes()));
-    for (auto& in : inputs) encoder.set_input_array(in);
-    encoder.set_output_array(out);
-    encoder.dispatch([out = array::unsafe_weak_copy(out),
-                      x = array::unsafe_weak_copy(inputs[0]),
-                      w = array::unsafe_weak_copy(inputs[1]),
-                      scales = array::unsafe_weak_copy(inputs[2]),
-                      biases = array::unsafe_weak_copy(inputs[3]),
-                      gs = group_size_, bits = bits_]() mutable {
+    grove_cpu::dispatch(stream(), inputs, out, [gs = group_size_, bits = bits_](
+                                                   const std::vector<array>& in,
+                                                   std::vector<array>& out) {
+      const array &x = in[0], &w = in[1];
       std::vector<float> xt, st, bt;
       std::vector<uint16_t> sh, bh;
       std::vector<uint32_t> wt;
@@ -125,10 +109,10 @@ class GroveQuantizedMatmul : public UnaryPrimitive {
       a.group_size = gs;
       a.x = grove_cpu::row_major<float>(x, xt);
       a.w = reinterpret_cast<const uint8_t*>(grove_cpu::row_major<uint32_t>(w, wt));
-      a.scales = scale_data(scales, st, sh);
-      a.biases = scale_data(biases, bt, bh);
-      a.scale_type = scale_type(scales.dtype());
-      a.out = out.data<float>();
+      a.scales = scale_data(in[2], st, sh);
+      a.biases = scale_data(in[3], bt, bh);
+      a.scale_type = scale_type(in[2].dtype());
+      a.out = out[0].data<float>();
       if (a.M > 0 && a.N > 0) compute(a);
     });
   }

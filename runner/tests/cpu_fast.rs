@@ -104,7 +104,7 @@ fn rope_matches_mlx() {
         let f = with_freqs.then(|| freqs.try_index(..dims / 2).unwrap());
         let base = (!with_freqs).then_some(10_000.0);
         let inv = cpu_fast::inverse_frequencies(dims, base, f.as_ref()).unwrap();
-        let ours = cpu_fast::rope_always(&x, dims, trad, scale, &Array::from_int(offset), &inv)
+        let ours = cpu_fast::rope(&x, dims, trad, scale, &Array::from_int(offset), &inv)
             .unwrap_or_else(|| panic!("{what}: not covered"))
             .unwrap();
         let mlx = fast::rope(&x, dims, trad, base, scale, offset, f.as_ref()).unwrap();
@@ -114,7 +114,7 @@ fn rope_matches_mlx() {
     let x = normal(&[3, 2, 1, 64], 6);
     let offsets = Array::from_slice(&[4i32, 0, 1000], &[3]);
     let inv = cpu_fast::inverse_frequencies(64, Some(10_000.0), None).unwrap();
-    let ours = cpu_fast::rope_always(&x, 64, false, 1.0, &offsets, &inv)
+    let ours = cpu_fast::rope(&x, 64, false, 1.0, &offsets, &inv)
         .unwrap()
         .unwrap();
     let mlx = fast::rope_dynamic(&x, 64, false, 10_000.0, 1.0, &offsets, None).unwrap();

@@ -99,23 +99,9 @@ pub fn inverse_frequencies(
 }
 
 /// Grove's rotation of `x` (`[B, H, L, D]`, float32) at `offset` (one int32
-/// or one per batch row), given [`inverse_frequencies`]; `None`: not covered.
+/// or one per batch row), given [`inverse_frequencies`] (which `Rope` holds
+/// only where Grove's kernels run); `None`: not covered.
 pub fn rope(
-    x: &Array,
-    dims: i32,
-    traditional: bool,
-    scale: f32,
-    offset: &Array,
-    inv_freqs: &Array,
-) -> Option<Result<Array, Exception>> {
-    if !cpu_qmm::enabled() {
-        return None;
-    }
-    rope_always(x, dims, traditional, scale, offset, inv_freqs)
-}
-
-/// As [`rope`] whatever `GROVE_CPU_KERNELS` says.
-pub fn rope_always(
     x: &Array,
     dims: i32,
     traditional: bool,
@@ -144,10 +130,9 @@ pub fn gated(
     gate: &Array,
     up: &Array,
 ) -> Option<Result<Array, Exception>> {
-    if !cpu_qmm::enabled() {
-        return None;
-    }
-    gated_always(act, gate, up)
+    cpu_qmm::enabled()
+        .then(|| gated_always(act, gate, up))
+        .flatten()
 }
 
 /// As [`gated`] whatever `GROVE_CPU_KERNELS` says.
