@@ -45,19 +45,19 @@ const WINDOW_MARGIN: i32 = 16;
 /// Keys and values of one layer for every sequence of a batch.
 #[derive(Default)]
 pub struct BatchKvCache {
-    keys: Option<Planes>,
-    values: Option<Planes>,
+    pub(super) keys: Option<Planes>,
+    pub(super) values: Option<Planes>,
     /// How keys and values are quantized (`None`: full precision).
-    quant: Option<KvQuant>,
+    pub(super) quant: Option<KvQuant>,
     /// Time slots written so far (the same for every row).
-    idx: i32,
+    pub(super) idx: i32,
     /// Unused slots before each row's first token (negative: the row's
     /// first tokens were cut, windowed layers only).
-    left_padding: Vec<i32>,
+    pub(super) left_padding: Vec<i32>,
     /// A windowed layer's window.
-    window: Option<i32>,
+    pub(super) window: Option<i32>,
     /// A recurrent layer's states (then nothing above is used).
-    recurrent: Option<RecurrentCache>,
+    pub(super) recurrent: Option<RecurrentCache>,
 }
 
 /// A buffer of capacity `cap` (a whole number of steps) holding `data` in its

@@ -67,11 +67,11 @@ pub(super) fn write_at(
 /// old one is shared).
 #[derive(Default, Clone)]
 pub struct KvCache {
-    keys: Option<Planes>,
-    values: Option<Planes>,
-    offset: i32,
+    pub(super) keys: Option<Planes>,
+    pub(super) values: Option<Planes>,
+    pub(super) offset: i32,
     /// Set once the cache is quantized.
-    quant: Option<KvQuant>,
+    pub(super) quant: Option<KvQuant>,
 }
 
 impl KvCache {

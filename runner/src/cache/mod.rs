@@ -8,6 +8,7 @@
 //! values may be quantized ([`quantized`], mlx-lm's `QuantizedKVCache`).
 //! Layers read any of them through [`LayerCache`].
 pub mod batch;
+pub mod decode_slots;
 pub mod kv;
 pub mod layer;
 pub mod quantized;
@@ -19,6 +20,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::fast::ScaledDotProductAttentionMask;
 
 pub use batch::BatchKvCache;
+pub use decode_slots::DecodeSlots;
 pub use kv::KvCache;
 pub use layer::LayerKv;
 pub use quantized::{Fetched, KvQuant, KvSetting, Planes};
