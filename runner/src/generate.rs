@@ -338,12 +338,19 @@ pub fn generate_cached(
     while tokens.len() < max_tokens {
         let next = if tokens.len() + 1 < max_tokens {
             let t0 = Instant::now();
-            let input = y.reshape(&[1, 1]).phase("decode")?;
-            let next = sampler.sample_after(
-                &step(model, &input, caches, params.kv)?,
-                &history,
-                Some(&y),
-            )?;
+            let logits = match model.decoder.fast_decode(&y, caches).phase("decode")? {
+                Some(logits) => {
+                    maybe_quantize(caches, params.kv).phase("decode")?;
+                    logits
+                }
+                None => step(
+                    model,
+                    &y.reshape(&[1, 1]).phase("decode")?,
+                    caches,
+                    params.kv,
+                )?,
+            };
+            let next = sampler.sample_after(&logits, &history, Some(&y))?;
             let next = model.agree(next).phase("decode")?;
             fed += 1;
             let t1 = Instant::now();

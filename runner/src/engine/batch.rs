@@ -204,17 +204,28 @@ impl Batch {
         for layer in &mut self.layers {
             layer.slide().phase("decode")?;
         }
-        // 1. Forward the pending tokens; logits of the one position, [B, V].
-        let inputs = y.reshape(&[b, 1]).phase("decode")?;
-        let hidden = model
+        // 1. Forward the pending tokens; logits of the one position, [B, V]:
+        //    Grove's CUDA decode step where it covers the model and batch,
+        //    else MLX's ops.
+        let fast = model
             .decoder
-            .forward(&inputs, &mut self.layers)
+            .fast_decode(&y, &mut self.layers)
             .phase("decode")?;
+        let mut logits = match fast {
+            Some(logits) => logits,
+            None => {
+                let inputs = y.reshape(&[b, 1]).phase("decode")?;
+                let hidden = model
+                    .decoder
+                    .forward(&inputs, &mut self.layers)
+                    .phase("decode")?;
+                let last = hidden.try_index((.., -1, ..)).phase("decode")?;
+                model.decoder.logits(&last).phase("decode")?
+            }
+        };
         for layer in &mut self.layers {
             layer.maybe_quantize(self.kv).phase("decode")?;
         }
-        let last = hidden.try_index((.., -1, ..)).phase("decode")?;
-        let mut logits = model.decoder.logits(&last).phase("decode")?;
         // Structured output: the rows' grammars take the tokens being fed
         // (read back now, while the forward runs) and mask the logits.
         let mut read_back = None;

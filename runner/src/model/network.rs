@@ -40,6 +40,25 @@ impl Network {
         }
     }
 
+    /// One decode step of `tokens` (`[B]` uint32) by Grove's CUDA decode
+    /// step: the logits `[B, V]`, the caches written. `None` (nothing
+    /// changed) where the step is not taken: not on a CUDA GPU, a family,
+    /// model or batch it does not cover; then the caller runs
+    /// [`Self::forward`].
+    pub fn fast_decode<C: crate::cache::DecodeSlots>(
+        &self,
+        tokens: &Array,
+        caches: &mut [C],
+    ) -> Result<Option<Array>, Exception> {
+        match self {
+            Network::Decoder(m) => match m.fast_decode() {
+                Some(f) => f.step(tokens, caches),
+                None => Ok(None),
+            },
+            _ => Ok(None),
+        }
+    }
+
     /// The group the model is split over, if any.
     pub fn shard(&self) -> Option<&std::sync::Arc<crate::shard::Comm>> {
         match self {

@@ -72,6 +72,22 @@ impl AttentionShape {
     }
 }
 
+/// A norm's weight and epsilon.
+pub(crate) type NormParts<'a> = (&'a Array, f32);
+
+/// A plain attention block's parts ([`Attention::plain_parts`]).
+pub(crate) struct PlainAttention<'a> {
+    pub shape: AttentionShape,
+    pub scale: f32,
+    pub q: &'a Array,
+    pub k: &'a Array,
+    pub v: &'a Array,
+    pub o: &'a Array,
+    /// The q and k norms' weights and epsilons.
+    pub qk_norm: Option<(NormParts<'a>, NormParts<'a>)>,
+    pub rope: &'a Rope,
+}
+
 enum Projections {
     Separate { q: Linear, k: Linear, v: Linear },
     Fused(Linear),
@@ -144,6 +160,32 @@ impl Attention {
             } else {
                 None
             },
+        })
+    }
+
+    /// What Grove's CUDA decode step needs of a plain block (three dense
+    /// projections without biases, no gate, sinks or capping): its shape,
+    /// score scale, q/k/v/o weights, per-head norms and rotation.
+    pub(crate) fn plain_parts(&self) -> Option<PlainAttention<'_>> {
+        let s = &self.shape;
+        if s.o_bias || s.output_gate || s.softcap.is_some() || self.sinks.is_some() {
+            return None;
+        }
+        let Projections::Separate { q, k, v } = &self.projections else {
+            return None;
+        };
+        Some(PlainAttention {
+            shape: *s,
+            scale: self.scale,
+            q: q.dense_weight()?,
+            k: k.dense_weight()?,
+            v: v.dense_weight()?,
+            o: self.o.dense_weight()?,
+            qk_norm: self
+                .qk_norm
+                .as_ref()
+                .map(|(qn, kn)| (qn.weight_eps(), kn.weight_eps())),
+            rope: &self.rope,
         })
     }
 

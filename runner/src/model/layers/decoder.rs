@@ -6,12 +6,13 @@
 //! blocks differ (Gemma's four norms per block) have their own model files
 //! over the same blocks.
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use mlx_rs::Array;
 use mlx_rs::error::Exception;
 
 use super::attention::{Attention, AttentionShape};
+use super::cuda_decode::{FastDecode, FastLayer};
 use super::embedding::Embedding;
 use super::gated_delta::{DeltaShape, GatedDeltaNet};
 use super::linear::Linear;
@@ -129,6 +130,9 @@ pub struct Decoder {
     /// The group this decoder's projections are split over (tensor
     /// parallelism); `None`: the whole model is here.
     shard: Option<Arc<Comm>>,
+    /// Grove's CUDA decode step over these weights, made at the first
+    /// decode step where it is wanted and the model is covered.
+    fast: OnceLock<Option<FastDecode>>,
 }
 
 impl Decoder {
@@ -219,6 +223,7 @@ impl Decoder {
             head_split: spec.head_parts > 1 && !spec.tie_embeddings,
             lm_head,
             shard: None,
+            fast: OnceLock::new(),
         })
     }
 
@@ -314,6 +319,50 @@ impl Decoder {
                 FeedForward::Dense(_) => None,
             })
             .collect()
+    }
+
+    /// Grove's CUDA decode step for this model, where it is wanted
+    /// ([`super::cuda_decode::wanted`]) and covers the model: plain
+    /// attention on every layer, dense SiLU MLPs, no biases, one rank.
+    pub fn fast_decode(&self) -> Option<&FastDecode> {
+        self.fast
+            .get_or_init(|| {
+                if !super::cuda_decode::wanted() || self.shard.is_some() {
+                    return None;
+                }
+                if self.kinds.iter().any(|k| *k != CacheKind::Full) {
+                    return None;
+                }
+                let mut layers = Vec::with_capacity(self.blocks.len());
+                for b in &self.blocks {
+                    let (Mixer::Attention(a), FeedForward::Dense(m)) = (&b.attention, &b.mlp)
+                    else {
+                        return None;
+                    };
+                    layers.push(FastLayer {
+                        input_norm: b.input_norm.weight_eps(),
+                        attention: a.plain_parts()?,
+                        post_norm: b.post_norm.weight_eps(),
+                        mlp: m.plain_silu()?,
+                    });
+                }
+                let embed = self.embed.dense_table()?;
+                let head = match &self.lm_head {
+                    Some(h) => Some(h.dense_weight()?),
+                    None => None,
+                };
+                let vocab = head.unwrap_or(embed).dim(0);
+                let intermediate = layers.first()?.mlp.0.dim(0);
+                FastDecode::new(
+                    embed,
+                    self.norm.weight_eps(),
+                    head,
+                    &layers,
+                    vocab,
+                    intermediate,
+                )
+            })
+            .as_ref()
     }
 
     /// The dtype activations are computed in.

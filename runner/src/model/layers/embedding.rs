@@ -60,6 +60,14 @@ impl Embedding {
 
 impl Embedding {
     /// The arrays this table holds.
+    /// The table of a dense embedding.
+    pub(crate) fn dense_table(&self) -> Option<&Array> {
+        match self {
+            Self::Dense(t) => Some(t),
+            Self::Quantized(_) => None,
+        }
+    }
+
     pub fn parameters(&self) -> Vec<&Array> {
         match self {
             Self::Dense(t) => vec![t],

@@ -122,6 +122,15 @@ impl Packed {
 }
 
 impl Linear {
+    /// The weight of a dense matrix without a bias (Grove's CUDA decode
+    /// step covers only those).
+    pub(crate) fn dense_weight(&self) -> Option<&Array> {
+        match self {
+            Self::Dense { weight, bias: None } => Some(weight),
+            _ => None,
+        }
+    }
+
     /// The arrays this layer holds.
     pub fn parameters(&self) -> Vec<&Array> {
         let (mut out, bias) = match self {

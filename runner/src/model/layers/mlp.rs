@@ -142,6 +142,22 @@ impl Mlp {
 }
 
 impl Mlp {
+    /// Gate, up and down of a SiLU block of three dense matrices without
+    /// biases (what Grove's CUDA decode step covers).
+    pub(crate) fn plain_silu(&self) -> Option<(&Array, &Array, &Array)> {
+        let Projections::Separate { gate, up } = &self.projections else {
+            return None;
+        };
+        if !matches!(self.activation, Activation::Silu) {
+            return None;
+        }
+        Some((
+            gate.dense_weight()?,
+            up.dense_weight()?,
+            self.down.dense_weight()?,
+        ))
+    }
+
     /// The arrays this block holds.
     pub fn parameters(&self) -> Vec<&Array> {
         let mut out = match &self.projections {

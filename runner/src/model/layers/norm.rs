@@ -50,6 +50,11 @@ impl RmsNorm {
 }
 
 impl RmsNorm {
+    /// The weight (offset included) and epsilon.
+    pub(crate) fn weight_eps(&self) -> (&Array, f32) {
+        (&self.weight, self.eps)
+    }
+
     /// The arrays this norm holds.
     pub fn parameters(&self) -> Vec<&Array> {
         vec![&self.weight]

@@ -284,6 +284,17 @@ impl Rope {
         concatenate(&[parts[0].multiply(&s)?, parts[1].clone()], -1)
     }
 
+    /// A plain (not traditional, not pre-scaled) rotation as Grove's CUDA
+    /// decode step takes it: dims, base (else `freqs`), position scale.
+    pub(crate) fn plain(&self) -> Option<(i32, Option<f32>, f32, Option<&Array>)> {
+        (!self.traditional && self.pre_scale.is_none()).then_some((
+            self.dims,
+            self.base,
+            self.scale,
+            self.freqs.as_ref(),
+        ))
+    }
+
     /// Applies the rotation to `x` (`[B, heads, L, head_dim]`) at `positions`
     /// (one start for all rows, or one per row).
     pub fn forward_at(&self, x: &Array, positions: &Positions) -> Result<Array, Exception> {

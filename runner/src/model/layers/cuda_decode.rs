@@ -1,0 +1,355 @@
+//! Grove's CUDA decode step: a whole decode step of a plain pre-norm decoder
+//! (Llama, Mistral, Qwen3: dense float16/bfloat16 weights without biases,
+//! SiLU MLPs, full attention with full-precision keys and values) as one MLX
+//! graph node that launches 5 kernels per layer (`mlx-link/cuda/decode.cu`),
+//! captured once per batch size as a CUDA graph and replayed.
+//!
+//! Why: at batch 1 MLX's CUDA backend spends 5-9 us of host time per
+//! operation, ~20 per layer, and the GPU waits for the host (the H200 table
+//! in tests/bench/README.md). This step costs the host one graph node and a
+//! kernel launch per kernel.
+//!
+//! The kernels live in their own library, `libgrove_cuda.so`, which the CUDA
+//! build makes with nvcc (`GROVE_BACKEND=cuda make build`) next to the binaries; the
+//! runner opens it when MLX's device is a CUDA GPU (`GROVE_CUDA_DECODE_LIB`
+//! names another path). Without it, with `GROVE_FAST_DECODE=0`, for a model
+//! or a batch it does not cover (more than 8 rows, quantized or windowed
+//! caches, a model split over ranks), the step is MLX's, as everywhere else.
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::sync::OnceLock;
+
+use mlx_rs::error::Exception;
+use mlx_rs::transforms::async_eval;
+use mlx_rs::{Array, Stream};
+
+use super::attention::PlainAttention;
+use super::cuda_qmv::on_cuda_gpu;
+use crate::cache::DecodeSlots;
+
+/// The model's sizes, as `Dims` in decode.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct FastDims {
+    pub layers: i32,
+    pub hidden: i32,
+    pub heads: i32,
+    pub kv_heads: i32,
+    pub head_dim: i32,
+    pub intermediate: i32,
+    pub vocab: i32,
+    pub rms_eps: f32,
+    pub qk_eps: f32,
+    pub scale: f32,
+    pub log2_base: f32,
+    pub rope_scale: f32,
+    pub qk_norm: i32,
+    pub tied: i32,
+    pub has_freqs: i32,
+}
+
+/// Rows one step covers (decode.cu's `kMaxRows`).
+pub const MAX_ROWS: usize = 8;
+
+type NewFn =
+    unsafe extern "C" fn(*const FastDims, *const *mut c_void, c_int, *mut *mut c_void) -> c_int;
+type StepFn = unsafe extern "C" fn(
+    *mut c_void,
+    *mut c_void,
+    *mut c_void,
+    *const *mut c_void,
+    c_int,
+    *const c_int,
+    *mut *mut c_void,
+) -> c_int;
+type FreeFn = unsafe extern "C" fn(*mut c_void);
+type ErrorFn = unsafe extern "C" fn() -> *const c_char;
+
+struct Lib {
+    new: NewFn,
+    step: StepFn,
+    free: FreeFn,
+    error: ErrorFn,
+}
+
+impl Lib {
+    fn last_error(&self) -> String {
+        // SAFETY: returns a pointer to a thread-local NUL-terminated string.
+        unsafe { CStr::from_ptr((self.error)()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+/// Whether the step is wanted: a CUDA GPU and not `GROVE_FAST_DECODE=0`.
+pub fn wanted() -> bool {
+    std::env::var("GROVE_FAST_DECODE").as_deref() != Ok("0") && on_cuda_gpu()
+}
+
+fn library_path() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("GROVE_CUDA_DECODE_LIB") {
+        return Some(p.into());
+    }
+    Some(
+        std::env::current_exe()
+            .ok()?
+            .parent()?
+            .join("libgrove_cuda.so"),
+    )
+}
+
+/// The library, opened once (`None`, said once on stderr, when it cannot be).
+fn lib() -> Option<&'static Lib> {
+    static LIB: OnceLock<Option<Lib>> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let path = library_path()?;
+        let open = || -> Result<Lib, String> {
+            let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
+            // SAFETY: dlopen/dlsym with valid C strings; the handle is never
+            // closed, so the symbols stay valid for the process.
+            unsafe {
+                let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+                if h.is_null() {
+                    let e = libc::dlerror();
+                    return Err(if e.is_null() {
+                        "dlopen failed".into()
+                    } else {
+                        CStr::from_ptr(e).to_string_lossy().into_owned()
+                    });
+                }
+                let sym = |name: &CStr| {
+                    let p = libc::dlsym(h, name.as_ptr());
+                    if p.is_null() {
+                        Err(format!("no symbol {name:?}"))
+                    } else {
+                        Ok(p)
+                    }
+                };
+                Ok(Lib {
+                    new: std::mem::transmute::<*mut c_void, NewFn>(sym(c"grove_fd_new")?),
+                    step: std::mem::transmute::<*mut c_void, StepFn>(sym(c"grove_fd_step")?),
+                    free: std::mem::transmute::<*mut c_void, FreeFn>(sym(c"grove_fd_free")?),
+                    error: std::mem::transmute::<*mut c_void, ErrorFn>(sym(c"grove_fd_error")?),
+                })
+            }
+        };
+        match open() {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!(
+                    "grove-runner: CUDA decode step unavailable ({}: {e}); decoding with MLX's ops",
+                    path.display()
+                );
+                None
+            }
+        }
+    })
+    .as_ref()
+}
+
+/// One layer's parts, as the decoder hands them over.
+pub(crate) struct FastLayer<'a> {
+    pub input_norm: (&'a Array, f32),
+    pub attention: PlainAttention<'a>,
+    pub post_norm: (&'a Array, f32),
+    pub mlp: (&'a Array, &'a Array, &'a Array),
+}
+
+/// A plan of the step over one model's weights.
+pub struct FastDecode {
+    plan: *mut c_void,
+    lib: &'static Lib,
+    layers: usize,
+}
+
+// SAFETY: the plan is immutable once made (weights, sizes, and scratch that
+// only the stream's kernels touch, in stream order); steps are built from
+// the engine thread.
+unsafe impl Send for FastDecode {}
+unsafe impl Sync for FastDecode {}
+
+impl Drop for FastDecode {
+    fn drop(&mut self) {
+        // SAFETY: made by grove_fd_new, freed once.
+        unsafe { (self.lib.free)(self.plan) }
+    }
+}
+
+impl FastDecode {
+    /// Makes the plan, or says (on stderr, once per model) why the model is
+    /// not covered. `head` is `None` for tied embeddings.
+    pub(crate) fn new(
+        embed: &Array,
+        final_norm: (&Array, f32),
+        head: Option<&Array>,
+        layers: &[FastLayer<'_>],
+        vocab: i32,
+        intermediate: i32,
+    ) -> Option<Self> {
+        let lib = lib()?;
+        let first = layers.first()?;
+        let a = &first.attention;
+        let (dims, base, rope_scale, freqs) = a.rope.plain()?;
+        if dims != a.shape.head_dim {
+            return None;
+        }
+        let d = FastDims {
+            layers: layers.len() as i32,
+            hidden: a.shape.hidden,
+            heads: a.shape.heads,
+            kv_heads: a.shape.kv_heads,
+            head_dim: a.shape.head_dim,
+            intermediate,
+            vocab,
+            rms_eps: final_norm.1,
+            qk_eps: a.qk_norm.map_or(0.0, |((_, e), _)| e),
+            scale: a.scale,
+            log2_base: base.map_or(0.0, f32::log2),
+            rope_scale,
+            qk_norm: a.qk_norm.is_some() as i32,
+            tied: head.is_none() as i32,
+            has_freqs: freqs.is_some() as i32,
+        };
+        let mut w: Vec<&Array> = vec![embed, final_norm.0];
+        w.extend(head);
+        w.extend(freqs);
+        for l in layers {
+            let at = &l.attention;
+            let same_shape = at.shape.heads == a.shape.heads
+                && at.shape.kv_heads == a.shape.kv_heads
+                && at.shape.head_dim == a.shape.head_dim
+                && at.qk_norm.is_some() == a.qk_norm.is_some();
+            if !same_shape || l.input_norm.1 != d.rms_eps || l.post_norm.1 != d.rms_eps {
+                return None;
+            }
+            w.extend([
+                l.input_norm.0,
+                at.q,
+                at.k,
+                at.v,
+                at.o,
+                l.post_norm.0,
+                l.mlp.0,
+                l.mlp.1,
+                l.mlp.2,
+            ]);
+            if let Some(((qn, qe), (kn, ke))) = at.qk_norm {
+                if qe != d.qk_eps || ke != d.qk_eps {
+                    return None;
+                }
+                w.extend([qn, kn]);
+            }
+        }
+        let ptrs: Vec<*mut c_void> = w.iter().map(|a| a.as_ptr().ctx).collect();
+        let mut plan = std::ptr::null_mut();
+        // SAFETY: `d` and `ptrs` live across the call; the plan copies the
+        // arrays it keeps.
+        let status = unsafe { (lib.new)(&d, ptrs.as_ptr(), ptrs.len() as c_int, &mut plan) };
+        if status != 0 {
+            eprintln!(
+                "grove-runner: CUDA decode step not used for this model: {}",
+                lib.last_error()
+            );
+            return None;
+        }
+        Some(Self {
+            plan,
+            lib,
+            layers: layers.len(),
+        })
+    }
+
+    /// One decode step of `tokens` (`[B]` uint32, B <= [`MAX_ROWS`]) over
+    /// the batch's caches: the logits `[B, vocab]`, with every layer's slot
+    /// `idx` written. `None` (nothing changed) when the batch is not one it
+    /// covers.
+    pub fn step<C: DecodeSlots>(
+        &self,
+        tokens: &Array,
+        caches: &mut [C],
+    ) -> Result<Option<Array>, Exception> {
+        let rows = tokens.size();
+        if caches.len() != self.layers || rows == 0 || rows > MAX_ROWS || tokens.ndim() != 1 {
+            return Ok(None);
+        }
+        // 1. Every layer's buffers with room for the new token.
+        let mut bufs = Vec::with_capacity(2 * self.layers);
+        let mut at: Option<(i32, Vec<i32>)> = None;
+        for c in caches.iter_mut() {
+            let Some((k, v, idx, left)) = c.decode_buffers()? else {
+                return Ok(None);
+            };
+            match &at {
+                Some((i, l)) if *i != idx || l.as_slice() != left.as_slice() => return Ok(None),
+                _ => at = Some((idx, left)),
+            }
+            bufs.push(k);
+            bufs.push(v);
+        }
+        let Some((idx, left)) = at else {
+            return Ok(None);
+        };
+        if left.len() != rows {
+            return Ok(None);
+        }
+        // 2. The graph node (its inputs must be on the stream already: the
+        //    kernels are launched before what MLX has recorded but not sent).
+        let stream = Stream::thread_local_or_default();
+        let mut outs = vec![std::ptr::null_mut::<c_void>(); 1 + bufs.len()];
+        let mut status = self.call(&stream, tokens, &bufs, idx, &left, &mut outs);
+        if status == 3 {
+            async_eval(std::iter::once(tokens).chain(bufs.iter()))?;
+            status = self.call(&stream, tokens, &bufs, idx, &left, &mut outs);
+        }
+        if status != 0 {
+            // Not covered after all (nothing was made or changed): MLX's
+            // step, said once.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                eprintln!(
+                    "grove-runner: CUDA decode step declined a batch ({}); MLX's step instead",
+                    self.lib.last_error()
+                )
+            });
+            return Ok(None);
+        }
+        // SAFETY: on status 0 every slot holds a new `mlx::core::array*`,
+        // owned from here on by the Arrays made of it.
+        let mut made = outs
+            .into_iter()
+            .map(|p| unsafe { Array::from_ptr(mlx_sys::mlx_array { ctx: p }) });
+        let logits = made.next().ok_or_else(|| Exception::custom("no logits"))?;
+        drop(bufs);
+        for c in caches.iter_mut() {
+            let (Some(k), Some(v)) = (made.next(), made.next()) else {
+                return Err(Exception::custom("missing cache outputs"));
+            };
+            c.decode_written(k, v);
+        }
+        Ok(Some(logits))
+    }
+
+    fn call(
+        &self,
+        stream: &Stream,
+        tokens: &Array,
+        bufs: &[Array],
+        idx: i32,
+        left: &[i32],
+        outs: &mut [*mut c_void],
+    ) -> c_int {
+        let ptrs: Vec<*mut c_void> = bufs.iter().map(|a| a.as_ptr().ctx).collect();
+        // SAFETY: every pointer is a live mlx::core::array / Stream for the
+        // call; `outs` has room for 1 + 2 * layers results.
+        unsafe {
+            (self.lib.step)(
+                self.plan,
+                stream.as_ptr().ctx,
+                tokens.as_ptr().ctx,
+                ptrs.as_ptr(),
+                idx,
+                left.as_ptr(),
+                outs.as_mut_ptr(),
+            )
+        }
+    }
+}
