@@ -26,6 +26,7 @@ else
     # RUNPATH points at the CUDA wheel's libmlx.so.
     export GROVE_MLX_RUNTIME_LIB := $(GROVE_HOME)/cuda/mlx/lib
     SETUP_TARGETS += $(GROVE_HOME)/.cuda-stamp
+    BUILD_EXTRA := $(CURDIR)/target/$(if $(findstring --release,$(CARGO_FLAGS)),release,debug)/libgrove_cuda.so
   else ifneq ($(GROVE_BACKEND),cpu)
     $(error GROVE_BACKEND must be cpu or cuda, not '$(GROVE_BACKEND)')
   endif
@@ -93,6 +94,32 @@ $(GROVE_HOME)/.cuda-stamp:
 
 build: setup
 	$(CARGO) build $(CARGO_FLAGS) --workspace --bins
+ifneq ($(BUILD_EXTRA),)
+	@$(MAKE) --no-print-directory $(BUILD_EXTRA)
+endif
+
+# The CUDA decode step (issue 28): one MLX primitive whose kernels Grove writes,
+# built with NVIDIA's compiler from PyPI against the CUDA wheel's headers and
+# libmlx.so; the runner loads it beside itself on a CUDA device (GROVE_FAST_DECODE=0
+# leaves it out). Only with GROVE_BACKEND=cuda; nothing of it runs on the CPU.
+CUDA_TOOLS := $(GROVE_HOME)/cuda-tools
+CUDA_VERSION := 13.5.37
+NVCC_ARCH ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80
+$(GROVE_HOME)/.cuda-tools-stamp:
+	@echo "setup: NVIDIA's CUDA compiler (nvcc, PyPI) into $(CUDA_TOOLS)"
+	$(PIP) $(CUDA_TOOLS) nvidia-cuda-nvcc==$(CUDA_VERSION) nvidia-cuda-crt==$(CUDA_VERSION) \
+	  nvidia-nvvm==$(CUDA_VERSION) nvidia-cuda-runtime==$(CUDA_VERSION)
+	ln -sf libcudart.so.13 $(CUDA_TOOLS)/nvidia/cu13/lib/libcudart.so
+	@touch $@
+
+$(BUILD_EXTRA): mlx-link/cuda/decode.cu mlx-link/cuda/decode_kernels.cuh mlx-link/cuda/shim/fmt/format.h \
+    $(GROVE_HOME)/.cuda-stamp $(GROVE_HOME)/.cuda-tools-stamp
+	@mkdir -p $(dir $@)
+	$(CUDA_TOOLS)/nvidia/cu13/bin/nvcc -O3 -std=c++20 -cudart shared -diag-suppress 997,20012 \
+	  $(NVCC_ARCH) -Xcompiler -fPIC -shared -I mlx-link/cuda/shim \
+	  -I $(GROVE_HOME)/cuda/mlx/include -I $(GROVE_HOME)/cuda/mlx/include/cccl \
+	  mlx-link/cuda/decode.cu -L $(GROVE_HOME)/cuda/mlx/lib -lmlx -L $(CUDA_TOOLS)/nvidia/cu13/lib \
+	  -Xlinker -rpath,'$$ORIGIN' -o $@
 
 # Test models: tiny random-weight models and mlx-lm's reference outputs (its
 # sharded ones among them: no test starts an mlx-lm rank group).

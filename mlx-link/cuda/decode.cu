@@ -1,0 +1,582 @@
+// Grove's CUDA decode step: one MLX primitive that runs a whole decode step
+// of a pre-norm decoder (Llama, Mistral, Qwen3; float16/bfloat16 weights,
+// full-precision KV) as 5 kernels per layer (decode_kernels.cuh), launched
+// straight onto MLX's CUDA stream: captured once per batch size as a CUDA
+// graph and replayed, the step's changing inputs (token, slot, left padding,
+// KV buffers, logits) written first into device memory by one small kernel.
+//
+// Why: MLX's CUDA backend spends 5-9 us of host time per operation and a
+// decode step is 20 operations per layer, so at batch 1 the GPU waits for
+// the host. Here the host cost of a step is one graph node in MLX and two
+// launches (the parameters, the graph).
+//
+// Built as its own library (libgrove_cuda.so, by nvcc, only for the CUDA
+// build) and opened by the runner with dlopen: the runner itself links no
+// CUDA. The C entry points at the end take and return `mlx::core::array*`
+// (mlx-c's `mlx_array.ctx`).
+//
+// Ordering with MLX: MLX records its kernels into a CUDA graph that it
+// launches later, so this primitive's launches go onto the stream before
+// whatever MLX recorded earlier in the same evaluation and has not launched.
+// The runner therefore evaluates every input first (tokens, caches: done in
+// earlier evaluations, hence launched); everything after this primitive
+// (its consumers) is launched by MLX after it, on the same stream.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "decode_kernels.cuh"
+#include "mlx/allocator.h"
+#include "mlx/array.h"
+#include "mlx/backend/cuda/device.h"
+#include "mlx/primitives.h"
+
+// The model's sizes; mirrored by `FastDims` in the runner. Outside the
+// anonymous namespace: grove_fd_new takes it, and a function taking a type
+// of internal linkage would not be exported.
+namespace grove_fd {
+struct Dims {
+  int32_t layers, hidden, heads, kv_heads, head_dim, intermediate, vocab;
+  float rms_eps, qk_eps, scale, log2_base, rope_scale;
+  int32_t qk_norm, tied, has_freqs;
+};
+}  // namespace grove_fd
+
+namespace {
+
+using namespace mlx::core;
+using grove_fd::Dims;
+using grove_fd::AttnArgs;
+using grove_fd::GemvArgs;
+
+// Weights per layer, in the order the runner passes them.
+enum { kLn1, kWq, kWk, kWv, kWo, kLn2, kWg, kWu, kWd, kQn, kKn, kPerLayer };
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("[grove decode] ") + what + ": " + cudaGetErrorString(e));
+}
+
+const void* ptr(const array& a) {
+  // offset() counts bytes, as MLX's own gpu_ptr takes it.
+  return static_cast<const char*>(static_cast<cu::CudaBuffer*>(const_cast<array&>(a).buffer().ptr())->data) + a.offset();
+}
+void* mut_ptr(array& a) { return const_cast<void*>(ptr(a)); }
+
+// GROVE_FD_PROFILE=1 (a diagnostic): GPU time per kind of kernel, from
+// events recorded around every launch (the step then waits for the device),
+// and the host time of a step's launches, printed every 256 steps.
+struct Profile {
+  enum Kind { kEmbed, kQkv, kAttend, kO, kGlu, kDown, kHead, kCopy, kKinds };
+  bool on = false;
+  std::vector<cudaEvent_t> ev;
+  std::vector<int> kind;
+  size_t n = 0;
+  double us[kKinds] = {}, host_us = 0;
+  long steps = 0, copies = 0;
+  std::chrono::steady_clock::time_point t0;
+
+  void mark(cudaStream_t s, int k) {
+    if (!on) return;
+    if (n == ev.size()) {
+      ev.emplace_back();
+      cudaEventCreate(&ev.back());
+      kind.push_back(0);
+    }
+    kind[n] = k;
+    cudaEventRecord(ev[n++], s);
+  }
+  void begin(cudaStream_t s) {
+    if (!on) return;
+    n = 0;
+    t0 = std::chrono::steady_clock::now();
+    mark(s, -1);
+  }
+  void end() {
+    if (!on) return;
+    host_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    cudaEventSynchronize(ev[n - 1]);
+    for (size_t i = 1; i < n; i++) {
+      float ms = 0.f;
+      cudaEventElapsedTime(&ms, ev[i - 1], ev[i]);
+      us[kind[i]] += 1000.0 * ms;
+    }
+    if (++steps % 256 == 0) {
+      const double k = 1.0 / steps;
+      fprintf(stderr,
+              "grove decode profile: %ld steps; per step (us): embed %.1f, qkv %.1f, attend %.1f, "
+              "o %.1f, glu %.1f, down %.1f, head %.1f, cache copies %.1f (%ld); host launches %.1f\n",
+              steps, us[kEmbed] * k, us[kQkv] * k, us[kAttend] * k, us[kO] * k, us[kGlu] * k,
+              us[kDown] * k, us[kHead] * k, us[kCopy] * k, copies, host_us * k);
+    }
+  }
+};
+
+struct Plan {
+  Dims d{};
+  Dtype dtype = bfloat16;
+  array embed, final_norm, head, freqs;
+  std::vector<std::vector<array>> layer;  // kPerLayer each (norms empty without qk_norm)
+  // Scratch for kMaxRows rows, on the device; one stream runs every step.
+  void* h = nullptr;
+  void* qkv = nullptr;
+  void* att = nullptr;
+  void* act = nullptr;
+  grove_fd::StepParams* params = nullptr;  // the step's changing inputs
+  float* part = nullptr;                   // attention's per-split results
+  int* arrived = nullptr;                  // attention's split counters
+  // One captured graph of the step's kernels per batch size, replayed on
+  // MLX's stream; made the first time a step has that many rows.
+  cudaStream_t capture = nullptr;
+  mutable cudaGraphExec_t graphs[grove_fd::kMaxRows + 1] = {};
+  mutable Profile prof;
+  bool in_place = true;  // GROVE_FD_IN_PLACE=0: always copy (a diagnostic)
+  // In-place outputs' Data -> the allocation it stands on (see eval_gpu).
+  mutable std::unordered_map<const void*, std::weak_ptr<array::Data>> roots;
+
+  // The Data that owns `in`'s memory: its own, or the allocation an earlier
+  // step's in-place output stood on (checked to be the same buffer).
+  std::shared_ptr<array::Data> root_of(const array& in) const {
+    auto it = roots.find(in.data_shared_ptr().get());
+    if (it != roots.end()) {
+      std::shared_ptr<array::Data> r = it->second.lock();
+      roots.erase(it);
+      if (r && r->buffer.ptr() == in.buffer().ptr()) return r;
+    }
+    if (roots.size() > 4096)
+      for (auto i = roots.begin(); i != roots.end();) i = i->second.expired() ? roots.erase(i) : std::next(i);
+    return in.data_shared_ptr();
+  }
+
+  Plan() : embed(0.f), final_norm(0.f), head(0.f), freqs(0.f) {}
+  ~Plan() {
+    for (void* p : {h, qkv, att, act, static_cast<void*>(params), static_cast<void*>(part),
+                    static_cast<void*>(arrived)})
+      if (p) cudaFree(p);
+    for (cudaGraphExec_t g : graphs)
+      if (g) cudaGraphExecDestroy(g);
+    if (capture) cudaStreamDestroy(capture);
+  }
+  int qkv_width() const { return (d.heads + 2 * d.kv_heads) * d.head_dim; }
+  void alloc() {
+    const size_t e = size_of(dtype), r = grove_fd::kMaxRows;
+    check(cudaMalloc(&h, r * d.hidden * e), "scratch");
+    check(cudaMalloc(&qkv, r * qkv_width() * e), "scratch");
+    check(cudaMalloc(&att, r * d.heads * d.head_dim * e), "scratch");
+    check(cudaMalloc(&act, r * d.intermediate * e), "scratch");
+    check(cudaMalloc(&params, sizeof(grove_fd::StepParams)), "scratch");
+    const size_t parts = r * d.heads * grove_fd::kSplits * (d.head_dim + 2);
+    check(cudaMalloc(&part, parts * sizeof(float)), "scratch");
+    check(cudaMalloc(&arrived, r * d.heads * sizeof(int)), "scratch");
+    check(cudaMemset(arrived, 0, r * d.heads * sizeof(int)), "scratch");
+    check(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking), "capture stream");
+  }
+};
+
+// ---- Launching ------------------------------------------------------------------
+
+// The most shared memory a product's block takes for its rows of x.
+constexpr size_t kMaxXBytes = 200 * 1024;
+
+template <class K>
+void allow_smem(K kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+          "shared memory");
+}
+
+template <class T, int B, int R>
+void launch_gemv_r(int mode, bool norm, const GemvArgs& a, cudaStream_t s) {
+  using namespace grove_fd;
+  const int cols_per_block = kWarps * R;
+  dim3 grid((a.n + cols_per_block - 1) / cols_per_block), block(kWarps * 32);
+  const size_t smem = static_cast<size_t>(a.rows) * a.k * sizeof(T);
+  if (mode == kStore && norm) {
+    allow_smem(gemv<T, B, R, kStore, true>, smem);
+    gemv<T, B, R, kStore, true><<<grid, block, smem, s>>>(a);
+  } else if (mode == kResidual && !norm) {
+    allow_smem(gemv<T, B, R, kResidual, false>, smem);
+    gemv<T, B, R, kResidual, false><<<grid, block, smem, s>>>(a);
+  } else if (mode == kGlu && norm) {
+    allow_smem(gemv<T, B, R, kGlu, true>, smem);
+    gemv<T, B, R, kGlu, true><<<grid, block, smem, s>>>(a);
+  } else {
+    throw std::runtime_error("[grove decode] no such product");
+  }
+}
+
+// One column per warp where that gives the GPU enough blocks (the layers'
+// products), two for the LM head's many columns.
+template <class T, int B>
+void launch_gemv(int mode, bool norm, const GemvArgs& a, cudaStream_t s) {
+  if (a.n > 32768)
+    launch_gemv_r<T, B, 2>(mode, norm, a, s);
+  else
+    launch_gemv_r<T, B, 1>(mode, norm, a, s);
+}
+
+template <class T>
+void gemv_chunk(int rows, int mode, bool norm, GemvArgs a, cudaStream_t s) {
+  a.rows = rows;
+  switch (rows) {
+    case 1: return launch_gemv<T, 1>(mode, norm, a, s);
+    case 2: return launch_gemv<T, 2>(mode, norm, a, s);
+    case 3: return launch_gemv<T, 3>(mode, norm, a, s);
+    case 4: return launch_gemv<T, 4>(mode, norm, a, s);
+    default: return launch_gemv<T, 8>(mode, norm, a, s);
+  }
+}
+
+// The rows in as few launches as the shared memory for x allows (a long
+// reduction at 5-8 rows takes two; the weights are then read twice).
+template <class T>
+void gemv_rows(int rows, int mode, bool norm, GemvArgs a, cudaStream_t s) {
+  const int fit = static_cast<int>(kMaxXBytes / (static_cast<size_t>(a.k) * sizeof(T)));
+  if (fit < 1) throw std::runtime_error("[grove decode] reduction too long");
+  if (rows <= fit) return gemv_chunk<T>(rows, mode, norm, a, s);
+  if (a.out_ref != nullptr) throw std::runtime_error("[grove decode] head too wide for the batch");
+  for (int r0 = 0; r0 < rows; r0 += fit) {
+    GemvArgs c = a;
+    c.x = static_cast<const T*>(a.x) + r0 * a.x_stride;
+    c.out = static_cast<T*>(a.out) + r0 * a.out_stride;
+    gemv_chunk<T>(std::min(fit, rows - r0), mode, norm, c, s);
+  }
+}
+
+template <class T>
+void launch_attend(const AttnArgs& a, int rows, int head_dim, cudaStream_t s) {
+  dim3 grid(a.heads, rows, grove_fd::kSplits), block(grove_fd::kWarps * 32);
+  if (head_dim == 64)
+    grove_fd::attend<T, 64><<<grid, block, 0, s>>>(a);
+  else
+    grove_fd::attend<T, 128><<<grid, block, 0, s>>>(a);
+}
+
+// The kernels of one step for `rows` rows: tokens -> logits, writing slot
+// idx of the caches; everything that changes per step is read from
+// p.params, so the launches can be captured once and replayed.
+template <class T>
+void run_step(const Plan& p, int rows, cudaStream_t s) {
+  using namespace grove_fd;
+  const Dims& d = p.d;
+  grove_fd::embed<T><<<rows, 256, 0, s>>>(p.params, static_cast<const T*>(ptr(p.embed)), d.vocab,
+                                          d.hidden, static_cast<T*>(p.h));
+  p.prof.mark(s, Profile::kEmbed);
+  const int q_rows = d.heads * d.head_dim, kv_rows = d.kv_heads * d.head_dim;
+  for (int l = 0; l < d.layers; l++) {
+    const std::vector<array>& w = p.layer[l];
+    // 1. q, k, v = norm(h) @ [Wq; Wk; Wv]^T
+    GemvArgs g{};
+    g.x = p.h;
+    g.x_stride = d.hidden;
+    g.norm = ptr(w[kLn1]);
+    g.eps = d.rms_eps;
+    g.w[0] = ptr(w[kWq]);
+    g.w[1] = ptr(w[kWk]);
+    g.w[2] = ptr(w[kWv]);
+    g.seg[0] = q_rows;
+    g.seg[1] = q_rows + kv_rows;
+    g.n = q_rows + 2 * kv_rows;
+    g.k = d.hidden;
+    g.out = p.qkv;
+    g.out_stride = p.qkv_width();
+    gemv_rows<T>(rows, kStore, true, g, s);
+    p.prof.mark(s, Profile::kQkv);
+    // 2. attention of the new token, written into slot idx
+    AttnArgs a{};
+    a.qkv = p.qkv;
+    a.qkv_stride = p.qkv_width();
+    a.q_norm = d.qk_norm ? ptr(w[kQn]) : nullptr;
+    a.k_norm = d.qk_norm ? ptr(w[kKn]) : nullptr;
+    a.qk_eps = d.qk_eps;
+    a.freqs = d.has_freqs ? static_cast<const float*>(ptr(p.freqs)) : nullptr;
+    a.log2_base = d.log2_base;
+    a.rope_scale = d.rope_scale;
+    a.sp = p.params;
+    a.layer = l;
+    a.heads = d.heads;
+    a.kv_heads = d.kv_heads;
+    a.scale = d.scale;
+    a.part = p.part;
+    a.arrived = p.arrived;
+    a.out = p.att;
+    a.out_stride = q_rows;
+    launch_attend<T>(a, rows, d.head_dim, s);
+    p.prof.mark(s, Profile::kAttend);
+    // 3. h += att @ Wo^T
+    GemvArgs o{};
+    o.x = p.att;
+    o.x_stride = q_rows;
+    o.w[0] = ptr(w[kWo]);
+    o.seg[0] = o.seg[1] = d.hidden;
+    o.n = d.hidden;
+    o.k = q_rows;
+    o.out = p.h;
+    o.out_stride = d.hidden;
+    gemv_rows<T>(rows, kResidual, false, o, s);
+    p.prof.mark(s, Profile::kO);
+    // 4. act = silu(norm(h) @ Wg^T) * (norm(h) @ Wu^T)
+    GemvArgs m{};
+    m.x = p.h;
+    m.x_stride = d.hidden;
+    m.norm = ptr(w[kLn2]);
+    m.eps = d.rms_eps;
+    m.w[0] = ptr(w[kWg]);
+    m.w[1] = ptr(w[kWu]);
+    m.n = d.intermediate;
+    m.k = d.hidden;
+    m.out = p.act;
+    m.out_stride = d.intermediate;
+    gemv_rows<T>(rows, kGlu, true, m, s);
+    p.prof.mark(s, Profile::kGlu);
+    // 5. h += act @ Wd^T
+    GemvArgs dn{};
+    dn.x = p.act;
+    dn.x_stride = d.intermediate;
+    dn.w[0] = ptr(w[kWd]);
+    dn.seg[0] = dn.seg[1] = d.hidden;
+    dn.n = d.hidden;
+    dn.k = d.intermediate;
+    dn.out = p.h;
+    dn.out_stride = d.hidden;
+    gemv_rows<T>(rows, kResidual, false, dn, s);
+    p.prof.mark(s, Profile::kDown);
+  }
+  // logits = norm(h) @ head^T
+  GemvArgs hd{};
+  hd.x = p.h;
+  hd.x_stride = d.hidden;
+  hd.norm = ptr(p.final_norm);
+  hd.eps = d.rms_eps;
+  hd.w[0] = ptr(d.tied ? p.embed : p.head);
+  hd.seg[0] = hd.seg[1] = d.vocab;
+  hd.n = d.vocab;
+  hd.k = d.hidden;
+  hd.out_ref = &p.params->logits;
+  hd.out_stride = d.vocab;
+  gemv_rows<T>(rows, kStore, true, hd, s);
+  p.prof.mark(s, Profile::kHead);
+  check(cudaGetLastError(), "launch");
+}
+
+// ---- The primitive ------------------------------------------------------------
+
+// inputs: tokens [B] uint32, then each layer's keys and values buffers
+// [B, kv_heads, cap, D]; outputs: logits [B, vocab], then the buffers with
+// slot idx written (the inputs' own memory when nothing else shares it).
+class DecodeStep : public Primitive {
+ public:
+  DecodeStep(Stream s, std::shared_ptr<Plan> plan, int idx, std::vector<int> left)
+      : Primitive(s), plan_(std::move(plan)), idx_(idx), left_(std::move(left)) {}
+
+  void eval_cpu(const std::vector<array>&, std::vector<array>&) override {
+    throw std::runtime_error("[GroveDecodeStep] runs on a CUDA GPU only");
+  }
+
+  void eval_gpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
+    auto& enc = cu::get_command_encoder(stream());
+    cudaStream_t s = enc.stream();
+    const Plan& p = *plan_;
+    const int rows = inputs[0].shape(0);
+    p.prof.begin(s);
+    outputs[0].set_data(allocator::malloc(outputs[0].nbytes()));
+    std::vector<void*> kc, vc;
+    for (size_t i = 1; i < inputs.size(); i++) {
+      const array& in = inputs[i];
+      array& out = outputs[i];
+      // Written in place when no other array holds this memory; else a copy
+      // first, as MLX's own slice update does. In place, the output gets
+      // its own Data over the same buffer, keeping the allocation alive:
+      // sharing the input's Data would make the previous step's in-flight
+      // inputs (which MLX holds until that step completes) count as other
+      // holders, and every step would copy.
+      if (p.in_place && in.data_shared_ptr().use_count() == 1 && in.flags().row_contiguous &&
+          in.offset() == 0) {
+        std::shared_ptr<array::Data> root = p.root_of(in);
+        out.set_data(in.buffer(), [root](allocator::Buffer) {});
+        p.roots[out.data_shared_ptr().get()] = root;
+      } else {
+        out.set_data(allocator::malloc(out.nbytes()));
+        check(cudaMemcpyAsync(mut_ptr(out), ptr(in), out.nbytes(), cudaMemcpyDeviceToDevice, s),
+              "cache copy");
+        p.prof.copies++;
+      }
+      (i % 2 ? kc : vc).push_back(mut_ptr(out));
+    }
+    p.prof.mark(s, Profile::kCopy);
+    // The step's changing inputs, then its kernels: replayed from the graph
+    // captured for this many rows (made now if this is the first).
+    grove_fd::StepParams sp{};
+    sp.tokens = static_cast<const uint32_t*>(ptr(inputs[0]));
+    sp.logits = mut_ptr(outputs[0]);
+    sp.cap = inputs[1].shape(2);
+    sp.idx = idx_;
+    for (int b = 0; b < rows; b++) sp.left[b] = left_[b];
+    for (size_t l = 0; l < kc.size(); l++) {
+      sp.kc[l] = kc[l];
+      sp.vc[l] = vc[l];
+    }
+    grove_fd::set_params<<<1, 256, 0, s>>>(sp, p.params);
+    auto kernels = [&](cudaStream_t on) {
+      if (p.dtype == bfloat16)
+        run_step<__nv_bfloat16>(p, rows, on);
+      else
+        run_step<__half>(p, rows, on);
+    };
+    if (p.prof.on) {
+      kernels(s);
+    } else {
+      cudaGraphExec_t& g = p.graphs[rows];
+      if (g == nullptr) {
+        check(cudaStreamBeginCapture(p.capture, cudaStreamCaptureModeThreadLocal), "capture");
+        cudaGraph_t graph = nullptr;
+        try {
+          kernels(p.capture);
+        } catch (...) {
+          cudaStreamEndCapture(p.capture, &graph);  // leaves capture mode
+          if (graph) cudaGraphDestroy(graph);
+          throw;
+        }
+        check(cudaStreamEndCapture(p.capture, &graph), "capture");
+        check(cudaGraphInstantiate(&g, graph, 0), "graph");
+        cudaGraphDestroy(graph);
+      }
+      check(cudaGraphLaunch(g, s), "graph launch");
+    }
+    p.prof.end();
+  }
+
+  const char* name() const override { return "GroveDecodeStep"; }
+  bool is_equivalent(const Primitive&) const override { return false; }
+
+ private:
+  std::shared_ptr<Plan> plan_;
+  int idx_;
+  std::vector<int> left_;
+};
+
+thread_local std::string last_error;
+
+int fail(const std::string& why) {
+  last_error = why;
+  return 1;
+}
+
+bool contiguous(const array& a) { return a.flags().row_contiguous && a.offset() == 0; }
+
+// Computed in an earlier evaluation (so already on the stream), not only
+// described in the graph.
+bool scheduled(const array& a) { return a.status() != array::Status::unscheduled; }
+
+}  // namespace
+
+extern "C" {
+
+// The reason the last call answered non-zero.
+const char* grove_fd_error() { return last_error.c_str(); }
+
+// A plan over the model's weights: `weights` holds embed, final norm, head
+// (untied only), RoPE frequencies (has_freqs only), then per layer
+// ln1, q, k, v, o, ln2, gate, up, down, [q_norm, k_norm]. 0: done.
+int grove_fd_new(const Dims* dims, void* const* weights, int n, void** plan_out) {
+  try {
+    auto p = std::make_shared<Plan>();
+    p->d = *dims;
+    const Dims& d = p->d;
+    if (d.head_dim != 64 && d.head_dim != 128) return fail("head_dim must be 64 or 128");
+    if (d.hidden % 8 || d.intermediate % 8 || (d.heads * d.head_dim) % 8)
+      return fail("sizes must be multiples of 8");
+    if (d.heads % d.kv_heads) return fail("heads must be a multiple of kv_heads");
+    if (d.layers < 1 || d.layers > grove_fd::kMaxLayers) return fail("too many layers");
+    const int per = d.qk_norm ? kPerLayer : kQn;
+    const int fixed = 2 + (d.tied ? 0 : 1) + (d.has_freqs ? 1 : 0);
+    if (n != fixed + d.layers * per) return fail("wrong number of weights");
+    auto at = [&](int i) -> const array& { return *static_cast<const array*>(weights[i]); };
+    int i = 0;
+    p->embed = at(i++);
+    p->final_norm = at(i++);
+    if (!d.tied) p->head = at(i++);
+    if (d.has_freqs) p->freqs = at(i++);
+    p->dtype = p->embed.dtype();
+    if (p->dtype != bfloat16 && p->dtype != float16) return fail("weights must be float16 or bfloat16");
+    for (int l = 0; l < d.layers; l++) {
+      std::vector<array> w;
+      for (int j = 0; j < per; j++) w.push_back(at(i++));
+      for (const array& a : w)
+        if (a.dtype() != p->dtype || !contiguous(a) || !a.is_available()) return fail("a layer weight is not dense in the model's dtype");
+      p->layer.push_back(std::move(w));
+    }
+    for (const array* a : {&p->embed, &p->final_norm, &p->head, &p->freqs})
+      if (!a->is_available()) return fail("a weight is not evaluated");
+    for (const array* a : {&p->embed, &p->final_norm})
+      if (!contiguous(*a)) return fail("embedding or norm not contiguous");
+    if (!d.tied && (p->head.dtype() != p->dtype || !contiguous(p->head)))
+      return fail("head not dense in the model's dtype");
+    if (d.has_freqs && (p->freqs.dtype() != float32 || !contiguous(p->freqs)))
+      return fail("RoPE frequencies must be float32");
+    p->alloc();
+    const char* prof = std::getenv("GROVE_FD_PROFILE");
+    p->prof.on = prof != nullptr && std::strcmp(prof, "1") == 0;
+    const char* in_place = std::getenv("GROVE_FD_IN_PLACE");
+    p->in_place = in_place == nullptr || std::strcmp(in_place, "0") != 0;
+    *plan_out = new std::shared_ptr<Plan>(std::move(p));
+    return 0;
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+}
+
+void grove_fd_free(void* plan) { delete static_cast<std::shared_ptr<Plan>*>(plan); }
+
+// One decode step on stream `stream` (an `mlx::core::Stream*`): `tokens`
+// [B] uint32 (evaluated), `caches` 2 * layers buffers [B, kv_heads, cap, D]
+// (evaluated; keys then values per layer) with room at slot `idx`; row b's
+// keys start at `left[b]`. Writes 1 + 2 * layers new arrays into `outs`:
+// logits [B, vocab], then the caches. 0: done; 1: not covered (nothing made);
+// 3: an input is not evaluated yet (evaluate them, then call again).
+int grove_fd_step(void* plan, void* stream, void* tokens, void* const* caches, int idx,
+                  const int* left, void** outs) {
+  try {
+    const auto& p = *static_cast<std::shared_ptr<Plan>*>(plan);
+    const Dims& d = p->d;
+    const array& tok = *static_cast<const array*>(tokens);
+    if (tok.ndim() != 1 || tok.dtype() != uint32 || !contiguous(tok)) return fail("tokens must be [B] uint32");
+    if (!scheduled(tok)) return 3;
+    const int rows = tok.shape(0);
+    if (rows < 1 || rows > grove_fd::kMaxRows) return fail("rows out of range");
+    std::vector<array> inputs{tok};
+    std::vector<Shape> shapes{{rows, d.vocab}};
+    std::vector<Dtype> dtypes{p->dtype};
+    for (int i = 0; i < 2 * d.layers; i++) {
+      const array& c = *static_cast<const array*>(caches[i]);
+      if (c.ndim() != 4 || c.shape(0) != rows || c.shape(1) != d.kv_heads || c.shape(3) != d.head_dim ||
+          c.dtype() != p->dtype || idx >= c.shape(2) || idx < 0 || c.shape(2) != static_cast<const array*>(caches[0])->shape(2))
+        return fail("a cache buffer has the wrong shape");
+      if (!scheduled(c)) return 3;
+      inputs.push_back(c);
+      shapes.push_back(c.shape());
+      dtypes.push_back(c.dtype());
+    }
+    std::vector<int> lp(left, left + rows);
+    for (int v : lp)
+      if (v > idx) return fail("left padding past the write slot");
+    const Stream& s = *static_cast<const Stream*>(stream);
+    auto made = array::make_arrays(std::move(shapes), dtypes,
+                                   std::make_shared<DecodeStep>(s, p, idx, std::move(lp)), inputs);
+    for (size_t i = 0; i < made.size(); i++) outs[i] = new array(std::move(made[i]));
+    return 0;
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,511 @@
+// The kernels of Grove's CUDA decode step (decode.cu): one step of a
+// pre-norm decoder (Llama, Mistral, Qwen3) for B rows, in five kernels per
+// layer instead of MLX's ~20 operations.
+//
+//   1. gemv<NORM, STORE>   RMS norm of h fused into the q/k/v products
+//   2. attend              q/k norms, RoPE, the KV write and attention
+//   3. gemv<RESIDUAL>      o projection added into h
+//   4. gemv<NORM, GLU>     RMS norm fused into gate/up and SiLU(gate) * up
+//   5. gemv<RESIDUAL>      down projection added into h
+//
+// Every value MLX's step rounds to the model's dtype (each op's output) is
+// rounded here at the same place; sums run in float32 as in MLX's kernels,
+// in another order.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace grove_fd {
+
+constexpr int kWarps = 8;       // warps per block of every kernel
+constexpr int kMaxRows = 8;     // batch rows one launch covers
+constexpr int kMaxLayers = 160; // layers one plan covers
+constexpr int kSplits = 8;      // key ranges attention is split into
+
+// What changes from one step to the next, in device memory: the step's
+// kernels read it there, so that one captured CUDA graph per batch size
+// replays every step (`set_params` writes it first, in stream order).
+struct StepParams {
+  const uint32_t* tokens;  // [B]
+  void* logits;            // [B, vocab]
+  int64_t cap;             // the caches' capacity (slots)
+  int idx;                 // the slot the new token is written to
+  int left[kMaxRows];      // each row's first slot (its left padding)
+  void* kc[kMaxLayers];    // per layer: keys [B, kv_heads, cap, D]
+  void* vc[kMaxLayers];    // values, the same
+};
+
+__global__ void set_params(const StepParams p, StepParams* dst) {
+  const int* src = reinterpret_cast<const int*>(&p);
+  int* out = reinterpret_cast<int*>(dst);
+  for (int i = threadIdx.x; i < static_cast<int>(sizeof(StepParams) / 4); i += blockDim.x) out[i] = src[i];
+}
+
+template <class T>
+struct Num;
+template <>
+struct Num<__nv_bfloat16> {
+  static __device__ __forceinline__ float to(__nv_bfloat16 x) { return __bfloat162float(x); }
+  static __device__ __forceinline__ __nv_bfloat16 from(float x) { return __float2bfloat16_rn(x); }
+};
+template <>
+struct Num<__half> {
+  static __device__ __forceinline__ float to(__half x) { return __half2float(x); }
+  static __device__ __forceinline__ __half from(float x) { return __float2half_rn(x); }
+};
+
+// x rounded to T and back: what an MLX op that outputs T leaves.
+template <class T>
+__device__ __forceinline__ float rt(float x) {
+  return Num<T>::to(Num<T>::from(x));
+}
+
+template <class T>
+__device__ __forceinline__ void unpack8(const uint4& v, float out[8]) {
+  const T* p = reinterpret_cast<const T*>(&v);
+#pragma unroll
+  for (int i = 0; i < 8; i++) out[i] = Num<T>::to(p[i]);
+}
+
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// MLX's sigmoid on T (unary_ops.cuh: 1 / (1 + exp(|x|)), mirrored for x > 0).
+template <class T>
+__device__ __forceinline__ float sigmoid_t(float x) {
+  float e = rt<T>(expf(fabsf(x)));
+  float y = rt<T>(1.f / (1.f + e));
+  return x < 0 ? y : rt<T>(1.f - y);
+}
+
+// ---- 1. Matrix-vector products ------------------------------------------------
+
+enum Mode { kStore = 0, kResidual = 1, kGlu = 2 };
+
+struct GemvArgs {
+  const void* x;         // [B, K] in T, rows x_stride apart
+  int64_t x_stride;
+  const void* norm;      // RMS norm weight [K] (NORM kernels)
+  float eps;
+  const void* w[3];      // row-major [rows, K] matrices, stacked (kStore,
+  int seg[2];            // kResidual: rows < seg[0] in w[0], < seg[1] in
+                         // w[1], else w[2]); kGlu: w[0] gate, w[1] up
+  int n, k;              // output columns, reduction length
+  void* out;             // [B, n] in T, rows out_stride apart
+  void* const* out_ref;  // else: where the step's params hold `out`
+  int64_t out_stride;
+  int rows;              // B of this launch (<= the template's B)
+};
+
+template <class T>
+__device__ __forceinline__ uint4 pack8(const float v[8]) {
+  uint4 out;
+  T* p = reinterpret_cast<T*>(&out);
+#pragma unroll
+  for (int i = 0; i < 8; i++) p[i] = Num<T>::from(v[i]);
+  return out;
+}
+
+// Each warp computes R output columns (kGlu: R of gate and R of up) for all
+// B rows, reading each weight once with 16-byte loads, eight in flight. The
+// block first puts the rows of x (normalized, for NORM: the values MLX's
+// rms_norm outputs, exact in T) into shared memory: `rows * k` values of T,
+// the launch's dynamic shared memory.
+template <class T, int B, int R, int MODE, bool NORM>
+__global__ void __launch_bounds__(kWarps * 32) gemv(const GemvArgs a) {
+  constexpr int NR = MODE == kGlu ? 2 * R : R;
+  extern __shared__ uint4 xs[];  // [rows][k / 8]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const T* x = static_cast<const T*>(a.x);
+  const int k8 = a.k / 8;
+  // 1. This warp's weight rows (past the end: the last row, not stored).
+  const int col0 = (blockIdx.x * kWarps + warp) * R;
+  const T* wr[NR];
+#pragma unroll
+  for (int r = 0; r < NR; r++) {
+    int c = min(col0 + (r % R), a.n - 1);
+    const T* base;
+    if constexpr (MODE == kGlu) {
+      base = static_cast<const T*>(a.w[r / R]);
+    } else if (c < a.seg[0]) {
+      base = static_cast<const T*>(a.w[0]);
+    } else if (c < a.seg[1]) {
+      base = static_cast<const T*>(a.w[1]);
+      c -= a.seg[0];
+    } else {
+      base = static_cast<const T*>(a.w[2]);
+      c -= a.seg[1];
+    }
+    wr[r] = base + static_cast<int64_t>(c) * a.k;
+  }
+  // 2. x into shared memory; for NORM each row's 1 / rms over all K, then
+  //    the normalized values in place.
+  for (int i = threadIdx.x; i < a.rows * k8; i += blockDim.x) {
+    const int b = i / k8, c = i - b * k8;
+    xs[i] = *reinterpret_cast<const uint4*>(x + b * a.x_stride + c * 8);
+  }
+  __syncthreads();
+  if constexpr (NORM) {
+    __shared__ float part[kWarps][B];
+    __shared__ float inv[B];
+    float ss[B];
+#pragma unroll
+    for (int b = 0; b < B; b++) ss[b] = 0.f;
+#pragma unroll
+    for (int b = 0; b < B; b++) {
+      if (b < a.rows) {
+        for (int c = threadIdx.x; c < k8; c += blockDim.x) {
+          float v[8];
+          unpack8<T>(xs[b * k8 + c], v);
+#pragma unroll
+          for (int i = 0; i < 8; i++) ss[b] += v[i] * v[i];
+        }
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < B; b++) {
+      float t = warp_sum(ss[b]);
+      if (lane == 0) part[warp][b] = t;
+    }
+    __syncthreads();
+    if (threadIdx.x < B) {
+      float t = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; w++) t += part[w][threadIdx.x];
+      inv[threadIdx.x] = rsqrtf(t / a.k + a.eps);
+    }
+    __syncthreads();
+    const T* nw = static_cast<const T*>(a.norm);
+    for (int i = threadIdx.x; i < a.rows * k8; i += blockDim.x) {
+      const int b = i / k8, c = i - b * k8;
+      float v[8], g[8];
+      unpack8<T>(xs[i], v);
+      unpack8<T>(*reinterpret_cast<const uint4*>(nw + c * 8), g);
+      // MLX's rms_norm: w * T(x * inv), each product rounded to T.
+#pragma unroll
+      for (int j = 0; j < 8; j++) v[j] = g[j] * rt<T>(v[j] * inv[b]);
+      xs[i] = pack8<T>(v);
+    }
+    __syncthreads();
+  }
+  if (col0 >= a.n) return;
+  float acc[NR][B];
+#pragma unroll
+  for (int r = 0; r < NR; r++)
+#pragma unroll
+    for (int b = 0; b < B; b++) acc[r][b] = 0.f;
+  auto consume = [&](const uint4 (&wv)[NR], int k) {
+    float wf[NR][8];
+#pragma unroll
+    for (int r = 0; r < NR; r++) unpack8<T>(wv[r], wf[r]);
+#pragma unroll
+    for (int b = 0; b < B; b++) {
+      if (b < a.rows) {
+        float v[8];
+        unpack8<T>(xs[b * k8 + k / 8], v);
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+          for (int i = 0; i < 8; i++) acc[r][b] = fmaf(wf[r][i], v[i], acc[r][b]);
+      }
+    }
+  };
+  // 3. Eight (then four) 16-byte chunks of every row in flight, then the
+  //    tail: enough bytes in flight per SM to keep HBM busy.
+  int k = lane * 8;
+  for (; k + 7 * 256 < a.k; k += 8 * 256) {
+    uint4 wv[8][NR];
+#pragma unroll
+    for (int u = 0; u < 8; u++)
+#pragma unroll
+      for (int r = 0; r < NR; r++) wv[u][r] = load_stream(wr[r] + k + u * 256);
+#pragma unroll
+    for (int u = 0; u < 8; u++) consume(wv[u], k + u * 256);
+  }
+  for (; k + 3 * 256 < a.k; k += 4 * 256) {
+    uint4 wv[4][NR];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+#pragma unroll
+      for (int r = 0; r < NR; r++) wv[u][r] = load_stream(wr[r] + k + u * 256);
+#pragma unroll
+    for (int u = 0; u < 4; u++) consume(wv[u], k + u * 256);
+  }
+  for (; k < a.k; k += 256) {
+    uint4 wv[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) wv[r] = load_stream(wr[r] + k);
+    consume(wv, k);
+  }
+  // 4. Sum the lanes and store as MODE says.
+#pragma unroll
+  for (int r = 0; r < NR; r++)
+#pragma unroll
+    for (int b = 0; b < B; b++) acc[r][b] = warp_sum(acc[r][b]);
+  if (lane != 0) return;
+  T* out = static_cast<T*>(a.out_ref != nullptr ? *a.out_ref : a.out);
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    const int c = col0 + r;
+    if (c >= a.n) break;
+#pragma unroll
+    for (int b = 0; b < B; b++) {
+      if (b >= a.rows) break;
+      T* o = out + b * a.out_stride + c;
+      if constexpr (MODE == kStore) {
+        *o = Num<T>::from(acc[r][b]);
+      } else if constexpr (MODE == kResidual) {
+        *o = Num<T>::from(Num<T>::to(*o) + rt<T>(acc[r][b]));
+      } else {
+        // MLX's silu(gate) * up: gate * sigmoid(gate), then * up, each in T.
+        const float gate = rt<T>(acc[r][b]), up = rt<T>(acc[R + r][b]);
+        *o = Num<T>::from(rt<T>(gate * sigmoid_t<T>(gate)) * up);
+      }
+    }
+  }
+}
+
+// ---- 2. Attention of the new token ---------------------------------------------
+
+struct AttnArgs {
+  const void* qkv;       // [B, (heads + 2 kv_heads) * D] in T
+  int64_t qkv_stride;
+  const void* q_norm;    // per-head RMS norm weights [D], or null (Qwen3)
+  const void* k_norm;
+  float qk_eps;
+  const float* freqs;    // RoPE frequencies [D / 2], or null: base
+  float log2_base;
+  float rope_scale;      // positions are multiplied by it
+  const StepParams* sp;  // caches, capacity, idx, left padding
+  int layer;
+  int heads, kv_heads;
+  float scale;
+  float* part;           // [B, heads, kSplits, D + 2]: each split's o, m, l
+  int* arrived;          // [B, heads] splits done (zero between steps)
+  void* out;             // [B, heads * D] in T
+  int64_t out_stride;
+};
+
+// Normalises (optionally) and rotates one head of D values at `src` into
+// `dst` (shared, values rounded to T), with one warp.
+template <class T, int D>
+__device__ void prepare_head(const T* src, const T* nw, float eps, const AttnArgs& a, int pos,
+                             float* dst, int lane) {
+  constexpr int PER = D / 32;
+  float v[PER];
+#pragma unroll
+  for (int e = 0; e < PER; e++) v[e] = Num<T>::to(src[lane + 32 * e]);
+  if (nw != nullptr) {
+    float ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < PER; e++) ss += v[e] * v[e];
+    const float inv = rsqrtf(warp_sum(ss) / D + eps);
+#pragma unroll
+    for (int e = 0; e < PER; e++)
+      v[e] = rt<T>(Num<T>::to(nw[lane + 32 * e]) * rt<T>(v[e] * inv));
+  }
+#pragma unroll
+  for (int e = 0; e < PER; e++) dst[lane + 32 * e] = v[e];
+  __syncwarp();
+  // RoPE over pairs (i, i + D/2), as MLX's rope kernel computes them.
+  constexpr int HALF = D / 2;
+  float r1[(HALF + 31) / 32], r2[(HALF + 31) / 32];
+  const float L = a.rope_scale * static_cast<float>(pos);
+#pragma unroll
+  for (int e = 0; e < (HALF + 31) / 32; e++) {
+    const int i = lane + 32 * e;
+    if (i < HALF) {
+      const float inv_freq =
+          a.freqs != nullptr
+              ? static_cast<float>(1.0 / static_cast<double>(a.freqs[i]))
+              : exp2f(-(static_cast<float>(i) / static_cast<float>(HALF)) * a.log2_base);
+      const float theta = L * inv_freq;
+      const float c = cosf(theta), s = sinf(theta);
+      const float x1 = dst[i], x2 = dst[i + HALF];
+      r1[e] = rt<T>(x1 * c - x2 * s);
+      r2[e] = rt<T>(x1 * s + x2 * c);
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int e = 0; e < (HALF + 31) / 32; e++) {
+    const int i = lane + 32 * e;
+    if (i < HALF) {
+      dst[i] = r1[e];
+      dst[i + HALF] = r2[e];
+    }
+  }
+}
+
+// One block per (query head, row, key range): flash-decoding's split of the
+// keys, so that short and long caches alike keep every SM busy. Warp 0
+// prepares q, warp 1 the new key, warp 2 the new value; the first block of
+// each group writes them into slot idx. Then every warp scores its range's
+// keys: G = 32 / (D / 16) keys at a time, D / 16 lanes per key (16 values
+// each); an online softmax per lane group, merged in the block, then the
+// last block of a head to finish merges the splits.
+template <class T, int D>
+__global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
+  constexpr int LPK = D / 16;        // lanes per key
+  constexpr int G = 32 / LPK;        // keys per warp at a time
+  constexpr int GROUPS = kWarps * G;
+  const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int group = a.heads / a.kv_heads, kvh = h / group;
+  const StepParams& sp = *a.sp;
+  const int idx = sp.idx, left = sp.left[b];
+  const int first = max(left, 0);
+  const int pos = idx - left;
+  // This block's keys: [lo, hi) of [first, idx].
+  const int n = idx + 1 - first, chunk = (n + kSplits - 1) / kSplits;
+  const int lo = first + split * chunk, hi = min(lo + chunk, idx + 1);
+  __shared__ float q[D], kn[D], vn[D];
+  __shared__ float gm[GROUPS], gl[GROUPS];
+  __shared__ float go[GROUPS][D + 1];
+  __shared__ bool last;
+  const T* row = static_cast<const T*>(a.qkv) + b * a.qkv_stride;
+  const int64_t kv_off = (static_cast<int64_t>(b) * a.kv_heads + kvh) * sp.cap * D;
+  T* kc = static_cast<T*>(sp.kc[a.layer]) + kv_off;
+  T* vc = static_cast<T*>(sp.vc[a.layer]) + kv_off;
+  const bool writer = h % group == 0 && split == 0;
+  // 1. q, the new key and value.
+  if (warp == 0) {
+    prepare_head<T, D>(row + h * D, static_cast<const T*>(a.q_norm), a.qk_eps, a, pos, q, lane);
+  } else if (warp == 1) {
+    prepare_head<T, D>(row + (a.heads + kvh) * D, static_cast<const T*>(a.k_norm), a.qk_eps, a,
+                       pos, kn, lane);
+    __syncwarp();
+    if (writer)
+      for (int j = lane; j < D; j += 32) kc[static_cast<int64_t>(idx) * D + j] = Num<T>::from(kn[j]);
+  } else if (warp == 2) {
+    const T* v = row + (a.heads + a.kv_heads + kvh) * D;
+    for (int j = lane; j < D; j += 32) {
+      vn[j] = Num<T>::to(v[j]);
+      if (writer) vc[static_cast<int64_t>(idx) * D + j] = v[j];
+    }
+  }
+  __syncthreads();
+  // 2. Scores in base 2 (q scaled by scale * log2(e)), an online softmax.
+  const int sub = lane / LPK, part = lane % LPK;
+  const float qs = a.scale * 1.4426950408889634f;
+  float qv[16], o[16];
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    qv[i] = qs * q[part * 16 + i];
+    o[i] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  for (int t0 = lo + warp * G; t0 < hi; t0 += kWarps * G) {
+    const int t = t0 + sub;
+    const bool live = t < hi;
+    float kf[16], vf[16];
+    if (live && t < idx) {
+      const uint4* kp = reinterpret_cast<const uint4*>(kc + static_cast<int64_t>(t) * D + part * 16);
+      const uint4* vp = reinterpret_cast<const uint4*>(vc + static_cast<int64_t>(t) * D + part * 16);
+      const uint4 k0 = kp[0], k1 = kp[1], v0 = vp[0], v1 = vp[1];
+      unpack8<T>(k0, kf);
+      unpack8<T>(k1, kf + 8);
+      unpack8<T>(v0, vf);
+      unpack8<T>(v1, vf + 8);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; i++) {
+        kf[i] = live ? kn[part * 16 + i] : 0.f;
+        vf[i] = live ? vn[part * 16 + i] : 0.f;
+      }
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; i++) s = fmaf(qv[i], kf[i], s);
+#pragma unroll
+    for (int off = LPK / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (live) {
+      const float nm = fmaxf(m, s);
+      const float f = exp2f(m - nm), p = exp2f(s - nm);
+      l = l * f + p;
+#pragma unroll
+      for (int i = 0; i < 16; i++) o[i] = fmaf(o[i], f, p * vf[i]);
+      m = nm;
+    }
+  }
+  // 3. Merge the lane groups' partial softmaxes into this split's (o, m, l).
+  const int gi = warp * G + sub;
+  if (part == 0) {
+    gm[gi] = m;
+    gl[gi] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < 16; i++) go[gi][part * 16 + i] = o[i];
+  __syncthreads();
+  float M = -INFINITY;
+  for (int g = 0; g < GROUPS; g++)
+    if (gl[g] > 0.f) M = fmaxf(M, gm[g]);
+  float* mine = a.part + ((static_cast<int64_t>(b) * a.heads + h) * kSplits + split) * (D + 2);
+  for (int j = threadIdx.x; j < D + 2; j += blockDim.x) {
+    float v = 0.f;
+    if (j < D) {
+      for (int g = 0; g < GROUPS; g++)
+        if (gl[g] > 0.f) v += go[g][j] * exp2f(gm[g] - M);
+    } else if (j == D) {
+      v = M;
+    } else {
+      for (int g = 0; g < GROUPS; g++)
+        if (gl[g] > 0.f) v += gl[g] * exp2f(gm[g] - M);
+    }
+    mine[j] = v;
+  }
+  // 4. The last split of this (row, head) to finish merges them all.
+  __threadfence();
+  __syncthreads();
+  int* arrived = a.arrived + b * a.heads + h;
+  if (threadIdx.x == 0) last = atomicAdd(arrived, 1) == kSplits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const float* all = a.part + (static_cast<int64_t>(b) * a.heads + h) * kSplits * (D + 2);
+  T* out = static_cast<T*>(a.out) + b * a.out_stride + h * D;
+  __shared__ float fin[kSplits][D + 2];
+  for (int i = threadIdx.x; i < kSplits * (D + 2); i += blockDim.x) (&fin[0][0])[i] = __ldcg(all + i);
+  __syncthreads();
+  float MM = -INFINITY;
+#pragma unroll
+  for (int s2 = 0; s2 < kSplits; s2++)
+    if (fin[s2][D + 1] > 0.f) MM = fmaxf(MM, fin[s2][D]);
+  float L = 0.f, f[kSplits];
+#pragma unroll
+  for (int s2 = 0; s2 < kSplits; s2++) {
+    f[s2] = fin[s2][D + 1] > 0.f ? exp2f(fin[s2][D] - MM) : 0.f;
+    L += fin[s2][D + 1] * f[s2];
+  }
+  for (int j = threadIdx.x; j < D; j += blockDim.x) {
+    float acc = 0.f;
+#pragma unroll
+    for (int s2 = 0; s2 < kSplits; s2++) acc += fin[s2][j] * f[s2];
+    out[j] = Num<T>::from(acc / L);
+  }
+  if (threadIdx.x == 0) *arrived = 0;
+}
+
+// ---- 3. Embedding rows ---------------------------------------------------------
+
+// h[b] = table[token[b]] (a token past the table reads row 0).
+template <class T>
+__global__ void embed(const StepParams* sp, const T* table, int vocab, int hidden, T* h) {
+  const int b = blockIdx.x;
+  uint32_t t = sp->tokens[b];
+  if (t >= static_cast<uint32_t>(vocab)) t = 0;
+  const uint4* src = reinterpret_cast<const uint4*>(table + static_cast<int64_t>(t) * hidden);
+  uint4* dst = reinterpret_cast<uint4*>(h + static_cast<int64_t>(b) * hidden);
+  for (int i = threadIdx.x; i < hidden / 8; i += blockDim.x) dst[i] = src[i];
+}
+
+}  // namespace grove_fd
