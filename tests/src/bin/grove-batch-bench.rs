@@ -11,8 +11,8 @@
 //! left the first timed round ~40% slow) and the prompt cache holds nothing
 //! the timed round can reuse (mlx-lm's BatchGenerator has no prompt cache). Prints one
 //! JSON line per N: total generated tokens, wall seconds from sending to the
-//! last Done, each stream's time to its first text (client side) and its
-//! generated tokens.
+//! last Done, each stream's time to its first text (client side), its
+//! generated tokens and its text (to compare two runs' greedy outputs).
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -21,13 +21,17 @@ use grove_proto::runner::v1::runner_client::RunnerClient;
 use grove_tests::serve::{Served, tokens_request};
 use tonic::transport::Channel;
 
-/// One stream: time to its first text, when it ended, its generated tokens.
+/// One stream: time to its first text, when it ended, its generated tokens
+/// and text.
+type Streamed = (Duration, Duration, u32, String);
+
 async fn stream(
     mut client: RunnerClient<Channel>,
     ids: Vec<u32>,
     max_tokens: u32,
     start: Instant,
-) -> Result<(Duration, Duration, u32)> {
+) -> Result<Streamed> {
+    let mut text = String::new();
     let mut s = client
         .generate(tokens_request(&ids, max_tokens))
         .await?
@@ -35,13 +39,14 @@ async fn stream(
     let mut first = None;
     while let Some(msg) = s.message().await? {
         match msg.event {
-            Some(pb::generate_response::Event::Text(_)) => {
+            Some(pb::generate_response::Event::Text(t)) => {
                 first.get_or_insert_with(|| start.elapsed());
+                text.push_str(&t);
             }
             Some(pb::generate_response::Event::Done(done)) => {
                 let end = start.elapsed();
                 let tokens = done.metrics.unwrap_or_default().eval_tokens;
-                return Ok((first.unwrap_or(end), end, tokens));
+                return Ok((first.unwrap_or(end), end, tokens, text));
             }
             _ => {}
         }
@@ -53,7 +58,7 @@ async fn round(
     client: &RunnerClient<Channel>,
     prompts: &[Vec<u32>],
     max_tokens: u32,
-) -> Result<Vec<(Duration, Duration, u32)>> {
+) -> Result<Vec<Streamed>> {
     let start = Instant::now();
     let tasks: Vec<_> = prompts
         .iter()
@@ -105,6 +110,7 @@ async fn main() -> Result<()> {
         let wall = start.elapsed().as_secs_f64();
         let ttft: Vec<f64> = results.iter().map(|r| r.0.as_secs_f64()).collect();
         let tokens: Vec<u32> = results.iter().map(|r| r.2).collect();
+        let texts: Vec<&str> = results.iter().map(|r| r.3.as_str()).collect();
         println!(
             "{}",
             serde_json::json!({
@@ -112,6 +118,7 @@ async fn main() -> Result<()> {
                 "wall_s": wall,
                 "tokens": tokens,
                 "ttft_s": ttft,
+                "texts": texts,
             })
         );
     }
