@@ -11,6 +11,8 @@ cp .device/rt/p3/* "$G/"
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$G/site" "$G"/whl/*.whl
 sh "$G/unpack-mlx-cuda" "$G" "$G/site" > "$G/env.sh"
 . "$G/env.sh"
+# bin/ also holds the runner's OpenBLAS and Grove's CUDA decode step library.
+export LD_LIBRARY_PATH=$G/bin:$LD_LIBRARY_PATH
 export PYTHONPATH=$G/site
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
