@@ -13,8 +13,9 @@
 //! build makes with nvcc (`GROVE_BACKEND=cuda make build`) next to the binaries; the
 //! runner opens it when MLX's device is a CUDA GPU (`GROVE_CUDA_DECODE_LIB`
 //! names another path). Without it, with `GROVE_FAST_DECODE=0`, for a model
-//! or a batch it does not cover (more than 8 rows, quantized or windowed
-//! caches, a model split over ranks), the step is MLX's, as everywhere else.
+//! or a batch it does not cover (more rows than fit its products' shared
+//! memory: 3 on Llama-1B, 1 on Llama-8B; quantized or windowed caches, a
+//! model split over ranks), the step is MLX's, as everywhere else.
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::sync::OnceLock;
 
@@ -299,6 +300,10 @@ impl FastDecode {
         if status == 3 {
             async_eval(std::iter::once(tokens).chain(bufs.iter()))?;
             status = self.call(&stream, tokens, &bufs, idx, &left, &mut outs);
+        }
+        if status == 2 {
+            // More rows than this model's step takes: MLX's step.
+            return Ok(None);
         }
         if status != 0 {
             // Not covered after all (nothing was made or changed): MLX's
