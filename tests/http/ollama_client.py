@@ -83,12 +83,19 @@ try:
 except ollama.ResponseError as e:
     show("chat(format={'type': 'strange'}) -> ResponseError", f"{e.status_code} {e.error}")
     assert e.status_code == 400
+# Load hints (Open WebUI and ChatOllama send them) are taken and change nothing;
+# an option that would change the output and is not implemented is refused by name.
+hints = {"num_gpu": 1, "num_thread": 2, "use_mmap": True, "numa": False, "low_vram": False, "main_gpu": 0}
+j = client.chat(model=model, messages=messages, options={"num_predict": 8, "temperature": 0, **hints})
+k = client.chat(model=model, messages=messages, options={"num_predict": 8, "temperature": 0})
+show("chat(options=load hints): same reply as without", j.message.content == k.message.content)
+assert j.message.content == k.message.content
 try:
-    client.chat(model=model, messages=messages, options={"num_gpu": 1})
-    raise AssertionError("num_gpu was accepted")
+    client.chat(model=model, messages=messages, options={"penalize_newline": True})
+    raise AssertionError("penalize_newline was accepted")
 except ollama.ResponseError as e:
-    show("chat(options={'num_gpu': 1}) -> ResponseError", f"{e.status_code} {e.error}")
-    assert e.status_code == 400
+    show("chat(options={'penalize_newline': True}) -> ResponseError", f"{e.status_code} {e.error}")
+    assert e.status_code == 400 and "penalize_newline" in e.error
 try:
     client.chat(model="nobody/no-such-model", messages=messages)
     raise AssertionError("an unknown model was accepted")

@@ -40,6 +40,18 @@ show("again: usage", r2.usage.model_dump(exclude_none=True))
 assert r2.choices[0].message.content == first_text
 assert cached > 0, cached
 
+# Fields that only label, store or route (agent frameworks send them) and the
+# neutral values of others are taken, and the greedy text is the same.
+r3 = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=12, temperature=0,
+    metadata={"run": "grove-test"}, store=False, service_tier="auto", prompt_cache_key="k",
+    safety_identifier="s", user="u", modalities=["text"], audio=None, prediction=None,
+    n=1, top_logprobs=0,
+)
+show("create(metadata, store, service_tier, prompt_cache_key, safety_identifier, user, modalities=['text'], ...)",
+     r3.choices[0].message.content)
+assert r3.choices[0].message.content == first_text
+
 # Streamed, with usage at the end.
 stream = client.chat.completions.create(
     model=model, messages=messages, max_tokens=12, temperature=0, stream=True,

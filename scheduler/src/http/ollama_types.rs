@@ -242,13 +242,18 @@ pub fn options(o: Option<&Map<String, Value>>) -> Result<pb::Options, String> {
                     );
                 }
             }
+            // Hints about loading and resources, as ollama's MLX engine
+            // takes them: no effect on the output (README, "Fields taken
+            // and not used").
+            "num_gpu" | "num_thread" | "use_mmap" | "numa" | "low_vram" | "main_gpu" => {}
             "mirostat" if v.as_f64() == Some(0.0) => {}
             "typical_p" | "tfs_z" if v.as_f64() == Some(1.0) => {}
             other => {
                 return Err(format!(
                     "option {other:?} is not supported by Grove (it takes temperature, top_k, top_p, min_p, \
                      repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, num_predict, \
-                     num_ctx and stop)"
+                     num_ctx and stop; num_gpu, num_thread, use_mmap, numa, low_vram and main_gpu are \
+                     taken and not used)"
                 ));
             }
         }
@@ -324,4 +329,24 @@ pub fn message(m: Message, i: usize) -> Result<pb::Message, String> {
         name: m.tool_name.unwrap_or_default(),
         reasoning_content: m.thinking.unwrap_or_default(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(json: &str) -> Result<pb::Options, String> {
+        let m: Map<String, Value> = serde_json::from_str(json).expect("an object");
+        options(Some(&m))
+    }
+
+    #[test]
+    fn load_hints_are_taken_and_output_options_still_checked() {
+        let hints = r#"{"num_gpu": 1, "num_thread": 4, "use_mmap": true, "numa": false,
+            "low_vram": false, "main_gpu": 0, "temperature": 0.5}"#;
+        let o = opts(hints).expect("taken");
+        assert_eq!(o.temperature, Some(0.5));
+        let e = opts(r#"{"penalize_newline": true}"#).expect_err("changes the output");
+        assert!(e.contains("penalize_newline"), "{e}");
+    }
 }

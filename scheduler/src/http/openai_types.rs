@@ -127,6 +127,23 @@ pub struct ChatCompletionRequest {
     /// taken and not used.
     #[serde(rename = "user")]
     pub _user: Option<String>,
+    /// Fields that only label, store or route a request on OpenAI's side
+    /// (agent frameworks send them): taken and not used (README, "Fields
+    /// taken and not used").
+    #[serde(rename = "metadata")]
+    pub _metadata: Option<Value>,
+    #[serde(rename = "store")]
+    pub _store: Option<bool>,
+    #[serde(rename = "service_tier")]
+    pub _service_tier: Option<String>,
+    #[serde(rename = "prompt_cache_key")]
+    pub _prompt_cache_key: Option<String>,
+    #[serde(rename = "safety_identifier")]
+    pub _safety_identifier: Option<String>,
+    /// Taken at their neutral values only (`["text"]`, `null`, `null`).
+    pub modalities: Option<Vec<String>>,
+    pub audio: Option<Value>,
+    pub prediction: Option<Value>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub max_tokens: Option<u32>,
@@ -346,7 +363,29 @@ pub struct Chat {
 impl ChatCompletionRequest {
     pub fn into_grove(self) -> Result<Chat, Invalid> {
         only_one(self.n)?;
-        if self.logprobs == Some(true) || self.top_logprobs.is_some() {
+        if self
+            .modalities
+            .as_ref()
+            .is_some_and(|m| m.iter().any(|x| x != "text"))
+        {
+            return Err(invalid(
+                "modalities",
+                "Grove generates text only; modalities must be [\"text\"]",
+            ));
+        }
+        if self.audio.is_some() {
+            return Err(invalid(
+                "audio",
+                "audio output is not supported; audio must be null",
+            ));
+        }
+        if self.prediction.is_some() {
+            return Err(invalid(
+                "prediction",
+                "predicted outputs are not supported; prediction must be null",
+            ));
+        }
+        if self.logprobs == Some(true) || self.top_logprobs.is_some_and(|n| n > 0) {
             return Err(invalid(
                 "logprobs",
                 "Grove does not return log probabilities",
@@ -510,5 +549,45 @@ impl CompletionRequest {
             stream: self.stream,
             include_usage,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(extra: &str) -> Result<Chat, Invalid> {
+        let body = format!(
+            r#"{{"model": "m", "messages": [{{"role": "user", "content": "hi"}}]{extra}}}"#
+        );
+        serde_json::from_str::<ChatCompletionRequest>(&body)
+            .expect("parses")
+            .into_grove()
+    }
+
+    fn refused(extra: &str) -> String {
+        match chat(extra) {
+            Ok(_) => panic!("{extra} was accepted"),
+            Err(e) => format!("{e:?}"),
+        }
+    }
+
+    #[test]
+    fn labels_and_neutral_values_are_taken() {
+        let labels = r#", "metadata": {"run": "7"}, "store": false, "service_tier": "auto",
+            "prompt_cache_key": "k", "safety_identifier": "s", "user": "u",
+            "modalities": ["text"], "audio": null, "prediction": null,
+            "top_logprobs": 0, "logprobs": false, "n": 1"#;
+        assert!(chat(labels).is_ok(), "{:?}", chat(labels).err());
+    }
+
+    #[test]
+    fn values_that_would_change_the_output_are_refused_by_name() {
+        assert!(refused(r#", "modalities": ["text", "audio"]"#).contains("modalities"));
+        assert!(refused(r#", "audio": {"voice": "alloy", "format": "wav"}"#).contains("audio"));
+        let p = r#", "prediction": {"type": "content", "content": "x"}"#;
+        assert!(refused(p).contains("prediction"));
+        assert!(refused(r#", "top_logprobs": 2"#).contains("logprobs"));
+        assert!(refused(r#", "n": 2"#).contains('n'));
     }
 }
