@@ -46,7 +46,7 @@ r3 = client.chat.completions.create(
     model=model, messages=messages, max_tokens=12, temperature=0,
     metadata={"run": "grove-test"}, store=False, service_tier="auto", prompt_cache_key="k",
     safety_identifier="s", user="u", modalities=["text"], audio=None, prediction=None,
-    n=1, top_logprobs=0,
+    n=1, top_logprobs=0, verbosity="medium",
 )
 show("create(metadata, store, service_tier, prompt_cache_key, safety_identifier, user, modalities=['text'], ...)",
      r3.choices[0].message.content)

@@ -246,6 +246,8 @@ pub fn options(o: Option<&Map<String, Value>>) -> Result<pb::Options, String> {
             // takes them: no effect on the output (README, "Fields taken
             // and not used").
             "num_gpu" | "num_thread" | "use_mmap" | "numa" | "low_vram" | "main_gpu" => {}
+            // At its neutral value only (true would penalize newlines).
+            "penalize_newline" if v.as_bool() == Some(false) => {}
             "mirostat" if v.as_f64() == Some(0.0) => {}
             "typical_p" | "tfs_z" if v.as_f64() == Some(1.0) => {}
             other => {
@@ -343,7 +345,7 @@ mod tests {
     #[test]
     fn load_hints_are_taken_and_output_options_still_checked() {
         let hints = r#"{"num_gpu": 1, "num_thread": 4, "use_mmap": true, "numa": false,
-            "low_vram": false, "main_gpu": 0, "temperature": 0.5}"#;
+            "low_vram": false, "main_gpu": 0, "penalize_newline": false, "temperature": 0.5}"#;
         let o = opts(hints).expect("taken");
         assert_eq!(o.temperature, Some(0.5));
         let e = opts(r#"{"penalize_newline": true}"#).expect_err("changes the output");

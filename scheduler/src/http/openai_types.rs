@@ -140,10 +140,12 @@ pub struct ChatCompletionRequest {
     pub _prompt_cache_key: Option<String>,
     #[serde(rename = "safety_identifier")]
     pub _safety_identifier: Option<String>,
-    /// Taken at their neutral values only (`["text"]`, `null`, `null`).
+    /// Taken at their neutral values only (`["text"]`, `null`, `null`,
+    /// `"medium"`: OpenAI's default verbosity).
     pub modalities: Option<Vec<String>>,
     pub audio: Option<Value>,
     pub prediction: Option<Value>,
+    pub verbosity: Option<String>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub max_tokens: Option<u32>,
@@ -379,6 +381,12 @@ impl ChatCompletionRequest {
                 "audio output is not supported; audio must be null",
             ));
         }
+        if self.verbosity.as_deref().is_some_and(|v| v != "medium") {
+            return Err(invalid(
+                "verbosity",
+                "Grove does not steer the length of answers; verbosity must be \"medium\" (the default)",
+            ));
+        }
         if self.prediction.is_some() {
             return Err(invalid(
                 "prediction",
@@ -577,7 +585,7 @@ mod tests {
         let labels = r#", "metadata": {"run": "7"}, "store": false, "service_tier": "auto",
             "prompt_cache_key": "k", "safety_identifier": "s", "user": "u",
             "modalities": ["text"], "audio": null, "prediction": null,
-            "top_logprobs": 0, "logprobs": false, "n": 1"#;
+            "top_logprobs": 0, "logprobs": false, "n": 1, "verbosity": "medium""#;
         assert!(chat(labels).is_ok(), "{:?}", chat(labels).err());
     }
 
@@ -588,6 +596,7 @@ mod tests {
         let p = r#", "prediction": {"type": "content", "content": "x"}"#;
         assert!(refused(p).contains("prediction"));
         assert!(refused(r#", "top_logprobs": 2"#).contains("logprobs"));
+        assert!(refused(r#", "verbosity": "low""#).contains("verbosity"));
         assert!(refused(r#", "n": 2"#).contains('n'));
     }
 }
