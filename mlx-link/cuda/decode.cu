@@ -257,6 +257,25 @@ void launch_attend(const AttnArgs& a, int rows, int head_dim, cudaStream_t s) {
     grove_fd::attend<T, 128><<<grid, block, 0, s>>>(a);
 }
 
+// x [rows, k] @ w^T -> out [rows, n], the rows packed (k and n apart); a
+// fused RMS norm of x where `norm` is given. Stacked matrices (q/k/v) and
+// the gate/up pair set w[1], w[2] and seg after.
+GemvArgs product(const void* x, int k, const void* w, int n, void* out, const void* norm = nullptr,
+                 float eps = 0.f) {
+  GemvArgs g{};
+  g.x = x;
+  g.x_stride = k;
+  g.k = k;
+  g.norm = norm;
+  g.eps = eps;
+  g.w[0] = w;
+  g.seg[0] = g.seg[1] = n;
+  g.n = n;
+  g.out = out;
+  g.out_stride = n;
+  return g;
+}
+
 // The kernels of one step for `rows` rows: tokens -> logits, writing slot
 // idx of the caches; everything that changes per step is read from
 // p.params, so the launches can be captured once and replayed.
@@ -271,20 +290,11 @@ void run_step(const Plan& p, int rows, cudaStream_t s) {
   for (int l = 0; l < d.layers; l++) {
     const std::vector<array>& w = p.layer[l];
     // 1. q, k, v = norm(h) @ [Wq; Wk; Wv]^T
-    GemvArgs g{};
-    g.x = p.h;
-    g.x_stride = d.hidden;
-    g.norm = ptr(w[kLn1]);
-    g.eps = d.rms_eps;
-    g.w[0] = ptr(w[kWq]);
+    GemvArgs g = product(p.h, d.hidden, ptr(w[kWq]), p.qkv_width(), p.qkv, ptr(w[kLn1]), d.rms_eps);
     g.w[1] = ptr(w[kWk]);
     g.w[2] = ptr(w[kWv]);
     g.seg[0] = q_rows;
     g.seg[1] = q_rows + kv_rows;
-    g.n = q_rows + 2 * kv_rows;
-    g.k = d.hidden;
-    g.out = p.qkv;
-    g.out_stride = p.qkv_width();
     gemv_rows<T>(rows, kStore, true, g, s);
     p.prof.mark(s, Profile::kQkv);
     // 2. attention of the new token, written into slot idx
@@ -309,56 +319,21 @@ void run_step(const Plan& p, int rows, cudaStream_t s) {
     launch_attend<T>(a, rows, d.head_dim, s);
     p.prof.mark(s, Profile::kAttend);
     // 3. h += att @ Wo^T
-    GemvArgs o{};
-    o.x = p.att;
-    o.x_stride = q_rows;
-    o.w[0] = ptr(w[kWo]);
-    o.seg[0] = o.seg[1] = d.hidden;
-    o.n = d.hidden;
-    o.k = q_rows;
-    o.out = p.h;
-    o.out_stride = d.hidden;
-    gemv_rows<T>(rows, kResidual, false, o, s);
+    gemv_rows<T>(rows, kResidual, false, product(p.att, q_rows, ptr(w[kWo]), d.hidden, p.h), s);
     p.prof.mark(s, Profile::kO);
     // 4. act = silu(norm(h) @ Wg^T) * (norm(h) @ Wu^T)
-    GemvArgs m{};
-    m.x = p.h;
-    m.x_stride = d.hidden;
-    m.norm = ptr(w[kLn2]);
-    m.eps = d.rms_eps;
-    m.w[0] = ptr(w[kWg]);
+    GemvArgs m = product(p.h, d.hidden, ptr(w[kWg]), d.intermediate, p.act, ptr(w[kLn2]), d.rms_eps);
     m.w[1] = ptr(w[kWu]);
-    m.n = d.intermediate;
-    m.k = d.hidden;
-    m.out = p.act;
-    m.out_stride = d.intermediate;
     gemv_rows<T>(rows, kGlu, true, m, s);
     p.prof.mark(s, Profile::kGlu);
     // 5. h += act @ Wd^T
-    GemvArgs dn{};
-    dn.x = p.act;
-    dn.x_stride = d.intermediate;
-    dn.w[0] = ptr(w[kWd]);
-    dn.seg[0] = dn.seg[1] = d.hidden;
-    dn.n = d.hidden;
-    dn.k = d.intermediate;
-    dn.out = p.h;
-    dn.out_stride = d.hidden;
-    gemv_rows<T>(rows, kResidual, false, dn, s);
+    gemv_rows<T>(rows, kResidual, false, product(p.act, d.intermediate, ptr(w[kWd]), d.hidden, p.h), s);
     p.prof.mark(s, Profile::kDown);
   }
-  // logits = norm(h) @ head^T
-  GemvArgs hd{};
-  hd.x = p.h;
-  hd.x_stride = d.hidden;
-  hd.norm = ptr(p.final_norm);
-  hd.eps = d.rms_eps;
-  hd.w[0] = ptr(d.tied ? p.embed : p.head);
-  hd.seg[0] = hd.seg[1] = d.vocab;
-  hd.n = d.vocab;
-  hd.k = d.hidden;
+  // logits = norm(h) @ head^T, into the step's logits array
+  GemvArgs hd = product(p.h, d.hidden, ptr(d.tied ? p.embed : p.head), d.vocab, nullptr,
+                        ptr(p.final_norm), d.rms_eps);
   hd.out_ref = &p.params->logits;
-  hd.out_stride = d.vocab;
   gemv_rows<T>(rows, kStore, true, hd, s);
   p.prof.mark(s, Profile::kHead);
   check(cudaGetLastError(), "launch");

@@ -219,33 +219,23 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const GemvArgs a) {
       }
     }
   };
-  // 3. Eight (then four) 16-byte chunks of every row in flight, then the
-  //    tail: enough bytes in flight per SM to keep HBM busy.
+  // 3. Eight (then four, then one) 16-byte chunks of every row in flight:
+  //    enough bytes in flight per SM to keep HBM busy.
   int k = lane * 8;
-  for (; k + 7 * 256 < a.k; k += 8 * 256) {
-    uint4 wv[8][NR];
+  auto pass = [&]<int U>() {
+    for (; k + (U - 1) * 256 < a.k; k += U * 256) {
+      uint4 wv[U][NR];
 #pragma unroll
-    for (int u = 0; u < 8; u++)
+      for (int u = 0; u < U; u++)
 #pragma unroll
-      for (int r = 0; r < NR; r++) wv[u][r] = load_stream(wr[r] + k + u * 256);
+        for (int r = 0; r < NR; r++) wv[u][r] = load_stream(wr[r] + k + u * 256);
 #pragma unroll
-    for (int u = 0; u < 8; u++) consume(wv[u], k + u * 256);
-  }
-  for (; k + 3 * 256 < a.k; k += 4 * 256) {
-    uint4 wv[4][NR];
-#pragma unroll
-    for (int u = 0; u < 4; u++)
-#pragma unroll
-      for (int r = 0; r < NR; r++) wv[u][r] = load_stream(wr[r] + k + u * 256);
-#pragma unroll
-    for (int u = 0; u < 4; u++) consume(wv[u], k + u * 256);
-  }
-  for (; k < a.k; k += 256) {
-    uint4 wv[NR];
-#pragma unroll
-    for (int r = 0; r < NR; r++) wv[r] = load_stream(wr[r] + k);
-    consume(wv, k);
-  }
+      for (int u = 0; u < U; u++) consume(wv[u], k + u * 256);
+    }
+  };
+  pass.template operator()<8>();
+  pass.template operator()<4>();
+  pass.template operator()<1>();
   // 4. Sum the lanes and store as MODE says.
 #pragma unroll
   for (int r = 0; r < NR; r++)
