@@ -5,10 +5,8 @@
 //! batch's are covered; windowed, recurrent and quantized layers are not.
 use mlx_rs::Array;
 use mlx_rs::error::Exception;
-use mlx_rs::ops::indexing::TryIndexOp;
-use mlx_rs::ops::{concatenate, zeros_dtype};
 
-use super::kv::STEP;
+use super::kv::grow;
 use super::{BatchKvCache, KvCache, LayerKv, Planes};
 
 /// Full-precision keys and values `[B, H, capacity, D]` with room at slot
@@ -25,37 +23,32 @@ pub trait DecodeSlots {
     fn decode_written(&mut self, keys: Array, values: Array);
 }
 
-/// `keys`, `values` with room at slot `idx`: as they are, or (full) the
-/// first `idx` slots and one step of zeros more, as [`super::kv`]'s
-/// `write_at` grows them.
+/// `keys`, `values` with room at slot `idx`: as they are, or (full) grown
+/// as an update of one token grows them ([`super::kv::grow`]).
 fn with_room(
     keys: &mut Option<Planes>,
     values: &mut Option<Planes>,
     idx: i32,
 ) -> Result<Option<(Array, Array)>, Exception> {
-    let (Some(k), Some(v)) = (
+    let full = match (
         keys.as_ref().and_then(Planes::as_float),
         values.as_ref().and_then(Planes::as_float),
-    ) else {
-        return Ok(None);
+    ) {
+        (Some(k), Some(_)) => idx >= k.dim(2),
+        _ => return Ok(None),
     };
-    let (mut k, mut v) = (k.clone(), v.clone());
-    if idx >= k.dim(2) {
-        let grow = |x: &Array| -> Result<Array, Exception> {
-            let held = if idx < x.dim(2) {
-                x.try_index((.., .., ..idx, ..))?
-            } else {
-                x.clone()
-            };
-            let fresh = zeros_dtype(&[x.dim(0), x.dim(1), STEP, x.dim(3)], x.dtype())?;
-            concatenate(&[held, fresh], 2)
-        };
-        k = grow(&k)?;
-        v = grow(&v)?;
-        *keys = Some(Planes::float(k.clone()));
-        *values = Some(Planes::float(v.clone()));
+    if full {
+        for buf in [&mut *keys, &mut *values] {
+            if let Some(held) = buf.take() {
+                *buf = Some(grow(&held, Some(held.clone()), idx, 1)?);
+            }
+        }
     }
-    Ok(Some((k, v)))
+    Ok(keys
+        .as_ref()
+        .and_then(Planes::as_float)
+        .zip(values.as_ref().and_then(Planes::as_float))
+        .map(|(k, v)| (k.clone(), v.clone())))
 }
 
 impl DecodeSlots for BatchKvCache {
@@ -113,8 +106,9 @@ impl DecodeSlots for LayerKv {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::kv::STEP;
     use crate::cache::{CacheKind, LayerCache};
-    use mlx_rs::ops::indexing::TryIndexMutOp;
+    use mlx_rs::ops::indexing::{TryIndexMutOp, TryIndexOp};
     use mlx_rs::transforms::eval;
 
     /// `[rows, 2, len, 4]` holding `first + i` at time slot i of every row.

@@ -26,24 +26,8 @@ pub(super) fn write_at(
     let len = keys.time();
     let capacity = key_buf.as_ref().map_or(0, Planes::time);
     if key_buf.is_none() || prev + len > capacity {
-        let steps = (STEP + len - 1) / STEP;
-        let grow = |x: &Planes, held: Option<Planes>| -> Result<Planes, Exception> {
-            let fresh =
-                x.map(|x| zeros_dtype(&[x.dim(0), x.dim(1), steps * STEP, x.dim(3)], x.dtype()))?;
-            match held {
-                None => Ok(fresh),
-                Some(held) => {
-                    let held = if prev % STEP != 0 {
-                        held.map(|h| h.try_index((.., .., ..prev, ..)))?
-                    } else {
-                        held
-                    };
-                    held.zip_map(&fresh, |h, f| concatenate(&[h, f], 2))
-                }
-            }
-        };
-        *key_buf = Some(grow(keys, key_buf.take())?);
-        *value_buf = Some(grow(values, value_buf.take())?);
+        *key_buf = Some(grow(keys, key_buf.take(), prev, len)?);
+        *value_buf = Some(grow(values, value_buf.take(), prev, len)?);
     }
     let end = prev + len;
     let (Some(k), Some(v)) = (key_buf.as_mut(), value_buf.as_mut()) else {
@@ -58,6 +42,32 @@ pub(super) fn write_at(
         ))
     } else {
         Ok((k.clone(), v.clone()))
+    }
+}
+
+/// A buffer with room for `len` more slots after `prev`: `held`'s first
+/// `prev` slots (all of it when `prev` is a whole number of steps) and
+/// ceil(len / STEP) steps of zeros shaped like `like`, as mlx-lm's
+/// `KVCache.update_and_fetch` grows it.
+pub(super) fn grow(
+    like: &Planes,
+    held: Option<Planes>,
+    prev: i32,
+    len: i32,
+) -> Result<Planes, Exception> {
+    let steps = (STEP + len - 1) / STEP;
+    let fresh =
+        like.map(|x| zeros_dtype(&[x.dim(0), x.dim(1), steps * STEP, x.dim(3)], x.dtype()))?;
+    match held {
+        None => Ok(fresh),
+        Some(held) => {
+            let held = if prev % STEP != 0 {
+                held.map(|h| h.try_index((.., .., ..prev, ..)))?
+            } else {
+                held
+            };
+            held.zip_map(&fresh, |h, f| concatenate(&[h, f], 2))
+        }
     }
 }
 
