@@ -231,6 +231,10 @@ pub struct GenerateArgs {
     /// Also write the last prompt position's logits (JSON array of floats) here.
     #[arg(long)]
     pub dump_logits: Option<PathBuf>,
+    /// Also write the first decode step's logits (the first generated
+    /// token's) here: compares the decode step's paths.
+    #[arg(long)]
+    pub dump_step_logits: Option<PathBuf>,
     /// Split the model over this many processes on this host (tensor
     /// parallelism over MLX distributed: NCCL on CUDA GPUs, one GPU each;
     /// the ring over loopback elsewhere); rank 0 prints.
@@ -505,7 +509,7 @@ fn run_generate(args: GenerateArgs) -> Result<()> {
             repetition_penalty: args.repetition_penalty,
             ..SamplingOptions::default()
         },
-        capture_logits: args.dump_logits.is_some(),
+        capture_logits: args.dump_logits.is_some() || args.dump_step_logits.is_some(),
         kv: args.kv.setting()?,
     };
     if args.repeat == 0 {
@@ -538,13 +542,18 @@ fn generate_once(
             s.push(t);
         }
     })?;
-    if let (Some(path), Some(logits)) = (&args.dump_logits, &out.prompt_logits) {
-        let text =
-            serde_json::to_string(logits).map_err(|e| RunnerError::Request(e.to_string()))?;
-        std::fs::write(path, text).map_err(|source| RunnerError::Read {
-            path: path.clone(),
-            source,
-        })?;
+    for (path, logits) in [
+        (&args.dump_logits, &out.prompt_logits),
+        (&args.dump_step_logits, &out.step_logits),
+    ] {
+        if let (Some(path), Some(logits)) = (path, logits) {
+            let text =
+                serde_json::to_string(logits).map_err(|e| RunnerError::Request(e.to_string()))?;
+            std::fs::write(path, text).map_err(|source| RunnerError::Read {
+                path: path.clone(),
+                source,
+            })?;
+        }
     }
     let text = tokenizer.decode(&out.tokens)?;
     if args.json {

@@ -21,7 +21,8 @@ pub struct GenerateParams {
     pub prefill_chunk: usize,
     /// How the next token is chosen (greedy by default).
     pub sampling: SamplingOptions,
-    /// Keep the last prompt position's logits (float32) in the output.
+    /// Keep the last prompt position's logits and the first decode step's
+    /// (float32) in the output.
     pub capture_logits: bool,
     /// Quantize the KV cache (from a start), or keep full precision.
     pub kv: Option<KvSetting>,
@@ -78,6 +79,9 @@ pub struct GenerateOutput {
     pub decode_seconds: f64,
     /// The last prompt position's logits, when asked for.
     pub prompt_logits: Option<Vec<f32>>,
+    /// The first decode step's logits (the first generated token's), when
+    /// asked for.
+    pub step_logits: Option<Vec<f32>>,
 }
 
 impl GenerateOutput {
@@ -91,6 +95,7 @@ impl GenerateOutput {
             prompt_seconds: start.elapsed().as_secs_f64(),
             decode_seconds: 0.0,
             prompt_logits: None,
+            step_logits: None,
         }
     }
 
@@ -335,6 +340,7 @@ pub fn generate_cached(
         None
     };
     let mut profile = StepProfile::from_env();
+    let mut step_logits = None;
     while tokens.len() < max_tokens {
         let next = if tokens.len() + 1 < max_tokens {
             let t0 = Instant::now();
@@ -350,6 +356,11 @@ pub fn generate_cached(
                     params.kv,
                 )?,
             };
+            if params.capture_logits && fed == 0 {
+                let l = logits.as_dtype(Dtype::Float32).phase("reading logits")?;
+                eval([&l]).phase("reading logits")?;
+                step_logits = Some(l.as_slice::<f32>().to_vec());
+            }
             let next = sampler.sample_after(&logits, &history, Some(&y))?;
             let next = model.agree(next).phase("decode")?;
             fed += 1;
@@ -434,5 +445,6 @@ pub fn generate_cached(
         prompt_seconds,
         decode_seconds,
         prompt_logits,
+        step_logits,
     })
 }

@@ -1,6 +1,6 @@
 """Random-weight models of real shapes for GPU benchmarks, written fast.
 
-    python3 make_big_model.py OUT_DIR SHAPE [--q4] [--tokenizer-from DIR]
+    python3 make_big_model.py OUT_DIR SHAPE [--q4 | --q8] [--tokenizer-from DIR]
 
 SHAPE is `llama-8b` (Llama 3 8B), `llama-1b` (Llama 3.2 1B), `qwen3-4b` (Qwen3 4B) or `qwen3-30b-a3b`
 (Qwen3-30B-A3B: 128 experts, 8 per token; `--q4` only, its routers 8-bit as
@@ -21,6 +21,52 @@ import torch
 from safetensors.torch import save_file
 
 SHAPES = {
+    # Small models of the shapes Grove's CUDA decode step covers, for quick
+    # comparisons of its logits and tokens with MLX's step (gpu_decode_check.sh).
+    "llama-small": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 1024,
+        "num_hidden_layers": 4,
+        "intermediate_size": 2816,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "vocab_size": 32000,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": False,
+    },
+    "mistral-small": {
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "hidden_size": 1024,
+        "num_hidden_layers": 4,
+        "intermediate_size": 3072,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "vocab_size": 32768,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+    },
+    "qwen3-small": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "num_hidden_layers": 4,
+        "intermediate_size": 3072,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "tie_word_embeddings": True,
+    },
     # Qwen2.5-32B's sizes on Llama's layout (no q/k/v biases).
     "llama-32b": {
         "architectures": ["LlamaForCausalLM"],
@@ -127,10 +173,10 @@ def packed(rows: int, cols: int, bits: int = 4, experts: int = 0) -> dict:
     }
 
 
-def linear(tensors: dict, name: str, rows: int, cols: int, q4: bool) -> None:
-    """Adds `name.weight` (and scales/biases when 4-bit)."""
+def linear(tensors: dict, name: str, rows: int, cols: int, q4: int) -> None:
+    """Adds `name.weight` (and scales/biases when quantized to `q4` bits)."""
     if q4:
-        for key, value in packed(rows, cols).items():
+        for key, value in packed(rows, cols, bits=q4).items():
             tensors[f"{name}.{key}"] = value
     else:
         tensors[f"{name}.weight"] = dense(rows, cols)
@@ -171,14 +217,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
     ap.add_argument("shape", choices=sorted(SHAPES))
-    ap.add_argument("--q4", action="store_true")
+    ap.add_argument("--q4", dest="bits", action="store_const", const=4, default=0)
+    ap.add_argument("--q8", dest="bits", action="store_const", const=8)
     ap.add_argument("--tokenizer-from", type=Path)
     args = ap.parse_args()
+    args.q4 = args.bits
     cfg = dict(SHAPES[args.shape], torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2)
     if cfg["model_type"] == "qwen3_moe" and not args.q4:
         ap.error("the expert shape is made 4-bit only (--q4)")
     if args.q4:
-        cfg["quantization"] = {"group_size": GROUP, "bits": 4, "mode": "affine"}
+        cfg["quantization"] = {"group_size": GROUP, "bits": args.bits, "mode": "affine"}
         if cfg["model_type"] == "qwen3_moe":
             for i in range(cfg["num_hidden_layers"]):
                 cfg["quantization"][f"model.layers.{i}.mlp.gate"] = {"group_size": GROUP, "bits": 8}

@@ -23,6 +23,7 @@ fn check_case(model: &str, case: &Case, extra: &[&str]) -> Result<()> {
 
 fn check_case_in(dir: &std::path::Path, model: &str, case: &Case, extra: &[&str]) -> Result<()> {
     let dump = tempfile::NamedTempFile::new()?;
+    let step_dump = tempfile::NamedTempFile::new()?;
     let ids = ids_arg(&case.prompt_tokens);
     let max = case.max_tokens.to_string();
     let mut args = vec![
@@ -36,6 +37,8 @@ fn check_case_in(dir: &std::path::Path, model: &str, case: &Case, extra: &[&str]
         "0",
         "--dump-logits",
         dump.path().to_str().unwrap_or_default(),
+        "--dump-step-logits",
+        step_dump.path().to_str().unwrap_or_default(),
     ];
     args.extend_from_slice(extra);
     let out = generate_json(&args)?;
@@ -72,6 +75,19 @@ fn check_case_in(dir: &std::path::Path, model: &str, case: &Case, extra: &[&str]
         "{model}/{}: logits differ from mlx-lm by up to {worst:e} (tolerance {LOGIT_TOLERANCE:e})",
         case.name
     );
+    // The first decode step's logits (written when a second token was
+    // decoded) pick the second greedy token.
+    let step = std::fs::read_to_string(step_dump.path())?;
+    if let Some(&second) = case.tokens.get(1) {
+        ensure!(!step.is_empty(), "{model}/{}: no decode step logits", case.name);
+        let step: Vec<f32> = serde_json::from_str(&step)?;
+        let best = step.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        ensure!(
+            step.len() == logits.len() && step.get(second as usize) == Some(&best),
+            "{model}/{}: the decode step's logits do not pick token {second}",
+            case.name
+        );
+    }
     Ok(())
 }
 
