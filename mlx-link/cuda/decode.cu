@@ -1,6 +1,7 @@
 // Grove's CUDA decode step: one MLX primitive that runs a whole decode step
-// of a pre-norm decoder (Llama, Mistral, Qwen3; float16/bfloat16 weights,
-// full-precision KV) as 5 kernels per layer (decode_kernels.cuh), launched
+// of a pre-norm decoder (Llama, Mistral, Qwen3; float16/bfloat16 weights or
+// MLX's affine 4/8-bit ones, full-precision KV) as 5 kernels per layer
+// (decode_kernels.cuh), launched
 // straight onto MLX's CUDA stream: captured once per batch size as a CUDA
 // graph and replayed, the step's changing inputs (token, slot, left padding,
 // KV buffers, logits) written first into device memory by one small kernel.
@@ -50,6 +51,14 @@ struct Dims {
   float rms_eps, qk_eps, scale, log2_base, rope_scale;
   int32_t qk_norm, tied, has_freqs;
 };
+// One matrix as the runner hands it over (`mlx::core::array*`s): dense
+// (bits 0, no scales or biases) or MLX's affine quantization.
+struct MatIn {
+  void* w;
+  void* scales;
+  void* biases;
+  int32_t bits, group_size;
+};
 }  // namespace grove_fd
 
 namespace {
@@ -59,8 +68,9 @@ using grove_fd::Dims;
 using grove_fd::AttnArgs;
 using grove_fd::GemvArgs;
 
-// Weights per layer, in the order the runner passes them.
-enum { kLn1, kWq, kWk, kWv, kWo, kLn2, kWg, kWu, kWd, kQn, kKn, kPerLayer };
+// Matrices and vectors per layer, in the order the runner passes them.
+enum { kWq, kWk, kWv, kWo, kWg, kWu, kWd, kMats };
+enum { kLn1, kLn2, kQn, kKn, kVecs };
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
@@ -122,11 +132,20 @@ struct Profile {
   }
 };
 
+// A matrix the plan keeps: dense in the model's dtype (bits 0) or Q-bit
+// affine with scales and biases in the model's dtype.
+struct Mat {
+  array w{0.f}, scales{0.f}, biases{0.f};
+  int bits = 0, gs = 0;
+};
+
 struct Plan {
   Dims d{};
   Dtype dtype = bfloat16;
-  array embed, final_norm, head, freqs;
-  std::vector<std::vector<array>> layer;  // kPerLayer each (norms empty without qk_norm)
+  Mat embed, head;
+  array final_norm, freqs;
+  std::vector<std::vector<Mat>> mats;    // kMats per layer
+  std::vector<std::vector<array>> vecs;  // kVecs per layer (kLn2 + 1 without qk_norm)
   // Scratch for kMaxRows rows, on the device; one stream runs every step.
   void* h = nullptr;
   void* qkv = nullptr;
@@ -159,7 +178,7 @@ struct Plan {
     return in.data_shared_ptr();
   }
 
-  Plan() : embed(0.f), final_norm(0.f), head(0.f), freqs(0.f) {}
+  Plan() : final_norm(0.f), freqs(0.f) {}
   ~Plan() {
     for (void* p : {h, qkv, att, act, static_cast<void*>(params), static_cast<void*>(part),
                     static_cast<void*>(arrived)})
@@ -206,46 +225,76 @@ void allow_smem(K kernel, size_t bytes) {
   have = bytes;
 }
 
-template <class T, int B, int R>
-void launch_gemv_r(int mode, bool norm, const GemvArgs& a, cudaStream_t s) {
+// The dynamic shared memory of a product of `rows` rows.
+size_t product_smem(int bits, int rows, int k, int t_bytes) { return grove_fd::gemv_smem(bits, rows, k, t_bytes); }
+
+// As many blocks as the GPU holds at once (each then takes tiles or column
+// groups until none is left: x is staged, and normalized, once per block).
+template <class K>
+int grid_for(K kernel, size_t smem, int work) {
+  static int sms = 0;
+  if (sms == 0) {
+    int dev = 0;
+    check(cudaGetDevice(&dev), "device");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "device");
+  }
+  int resident = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, grove_fd::kWarps * 32, smem), "occupancy");
+  return std::max(1, std::min(work, resident * sms));
+}
+
+template <class T, int B, int R, int MODE, bool NORM, int Q>
+void launch_gemv(const GemvArgs& a, cudaStream_t s) {
   using namespace grove_fd;
   const int cols_per_block = kWarps * R;
-  dim3 grid((a.n + cols_per_block - 1) / cols_per_block), block(kWarps * 32);
-  const size_t smem = static_cast<size_t>(a.rows) * a.k * sizeof(T);
-  if (mode == kStore && norm) {
-    allow_smem(gemv<T, B, R, kStore, true>, smem);
-    gemv<T, B, R, kStore, true><<<grid, block, smem, s>>>(a);
-  } else if (mode == kResidual && !norm) {
-    allow_smem(gemv<T, B, R, kResidual, false>, smem);
-    gemv<T, B, R, kResidual, false><<<grid, block, smem, s>>>(a);
-  } else if (mode == kGlu && norm) {
-    allow_smem(gemv<T, B, R, kGlu, true>, smem);
-    gemv<T, B, R, kGlu, true><<<grid, block, smem, s>>>(a);
-  } else {
-    throw std::runtime_error("[grove decode] no such product");
-  }
+  const size_t smem = gemv_smem(Q, a.rows, a.k, sizeof(T));
+  auto kernel = gemv<T, B, R, MODE, NORM, Q>;
+  allow_smem(kernel, smem);
+  const int groups = (a.n + cols_per_block - 1) / cols_per_block;
+  kernel<<<grid_for(kernel, smem, groups), kWarps * 32, smem, s>>>(a);
 }
 
 // One column per warp where that gives the GPU enough blocks (the layers'
 // products), two for the LM head's many columns.
-template <class T, int B>
-void launch_gemv(int mode, bool norm, const GemvArgs& a, cudaStream_t s) {
-  if (a.n > 32768)
-    launch_gemv_r<T, B, 2>(mode, norm, a, s);
-  else
-    launch_gemv_r<T, B, 1>(mode, norm, a, s);
+template <class T, int B, int MODE, bool NORM, int Q>
+void launch_cols(const GemvArgs& a, cudaStream_t s) {
+  if constexpr (MODE == grove_fd::kStore) {
+    if (a.n > 32768) return launch_gemv<T, B, 2, MODE, NORM, Q>(a, s);
+  }
+  launch_gemv<T, B, 1, MODE, NORM, Q>(a, s);
 }
 
-template <class T>
-void gemv_rows(int rows, int mode, bool norm, GemvArgs a, cudaStream_t s) {
-  a.rows = rows;
-  switch (rows) {
-    case 1: return launch_gemv<T, 1>(mode, norm, a, s);
-    case 2: return launch_gemv<T, 2>(mode, norm, a, s);
-    case 3: return launch_gemv<T, 3>(mode, norm, a, s);
-    case 4: return launch_gemv<T, 4>(mode, norm, a, s);
-    default: return launch_gemv<T, 8>(mode, norm, a, s);
+template <class T, int MODE, bool NORM, int Q>
+void launch_rows(const GemvArgs& a, cudaStream_t s) {
+  switch (a.rows) {
+    case 1: return launch_cols<T, 1, MODE, NORM, Q>(a, s);
+    case 2: return launch_cols<T, 2, MODE, NORM, Q>(a, s);
+    case 3: return launch_cols<T, 3, MODE, NORM, Q>(a, s);
+    case 4: return launch_cols<T, 4, MODE, NORM, Q>(a, s);
+    default: return launch_cols<T, 8, MODE, NORM, Q>(a, s);
   }
+}
+
+template <class T, int MODE, bool NORM>
+void launch_bits(int bits, const GemvArgs& a, cudaStream_t s) {
+  switch (bits) {
+    case 0: return launch_rows<T, MODE, NORM, 0>(a, s);
+    case 4: return launch_rows<T, MODE, NORM, 4>(a, s);
+    case 8: return launch_rows<T, MODE, NORM, 8>(a, s);
+    default: throw std::runtime_error("[grove decode] no product for these bits");
+  }
+}
+
+// The products a step takes: q/k/v and the head (norm, store), o and down
+// (residual), gate/up (norm, SiLU).
+template <class T>
+void gemv_rows(int rows, int mode, bool norm, int bits, GemvArgs a, cudaStream_t s) {
+  using namespace grove_fd;
+  a.rows = rows;
+  if (mode == kStore && norm) return launch_bits<T, kStore, true>(bits, a, s);
+  if (mode == kResidual && !norm) return launch_bits<T, kResidual, false>(bits, a, s);
+  if (mode == kGlu && norm) return launch_bits<T, kGlu, true>(bits, a, s);
+  throw std::runtime_error("[grove decode] no such product");
 }
 
 template <class T>
@@ -259,8 +308,8 @@ void launch_attend(const AttnArgs& a, int rows, int head_dim, cudaStream_t s) {
 
 // x [rows, k] @ w^T -> out [rows, n], the rows packed (k and n apart); a
 // fused RMS norm of x where `norm` is given. Stacked matrices (q/k/v) and
-// the gate/up pair set w[1], w[2] and seg after.
-GemvArgs product(const void* x, int k, const void* w, int n, void* out, const void* norm = nullptr,
+// the gate/up pair set w[1], w[2] (and their scales) and seg after.
+GemvArgs product(const void* x, int k, const Mat& w, int n, void* out, const void* norm = nullptr,
                  float eps = 0.f) {
   GemvArgs g{};
   g.x = x;
@@ -268,12 +317,27 @@ GemvArgs product(const void* x, int k, const void* w, int n, void* out, const vo
   g.k = k;
   g.norm = norm;
   g.eps = eps;
-  g.w[0] = w;
   g.seg[0] = g.seg[1] = n;
   g.n = n;
   g.out = out;
   g.out_stride = n;
+  g.gs = w.gs;
+  g.gs_log2 = w.gs == 0 ? 0 : __builtin_ctz(static_cast<unsigned>(w.gs));
+  g.w[0] = ptr(w.w);
+  if (w.bits != 0) {
+    g.scales[0] = ptr(w.scales);
+    g.biases[0] = ptr(w.biases);
+  }
   return g;
+}
+
+// Adds matrix `w` as the i-th of a stacked product.
+void stack(GemvArgs& g, int i, const Mat& w) {
+  g.w[i] = ptr(w.w);
+  if (w.bits != 0) {
+    g.scales[i] = ptr(w.scales);
+    g.biases[i] = ptr(w.biases);
+  }
 }
 
 // The kernels of one step for `rows` rows: tokens -> logits, writing slot
@@ -283,26 +347,36 @@ template <class T>
 void run_step(const Plan& p, int rows, cudaStream_t s) {
   using namespace grove_fd;
   const Dims& d = p.d;
-  grove_fd::embed<T><<<rows, 256, 0, s>>>(p.params, static_cast<const T*>(ptr(p.embed)), d.vocab,
-                                          d.hidden, static_cast<T*>(p.h));
+  if (p.embed.bits == 0)
+    grove_fd::embed<T><<<rows, 256, 0, s>>>(p.params, static_cast<const T*>(ptr(p.embed.w)), d.vocab,
+                                            d.hidden, static_cast<T*>(p.h));
+  else if (p.embed.bits == 4)
+    grove_fd::embed_q<T, 4><<<rows, 256, 0, s>>>(
+        p.params, static_cast<const uint32_t*>(ptr(p.embed.w)), static_cast<const T*>(ptr(p.embed.scales)),
+        static_cast<const T*>(ptr(p.embed.biases)), d.vocab, d.hidden, p.embed.gs, static_cast<T*>(p.h));
+  else
+    grove_fd::embed_q<T, 8><<<rows, 256, 0, s>>>(
+        p.params, static_cast<const uint32_t*>(ptr(p.embed.w)), static_cast<const T*>(ptr(p.embed.scales)),
+        static_cast<const T*>(ptr(p.embed.biases)), d.vocab, d.hidden, p.embed.gs, static_cast<T*>(p.h));
   p.prof.mark(s, Profile::kEmbed);
   const int q_rows = d.heads * d.head_dim, kv_rows = d.kv_heads * d.head_dim;
   for (int l = 0; l < d.layers; l++) {
-    const std::vector<array>& w = p.layer[l];
+    const std::vector<Mat>& w = p.mats[l];
+    const std::vector<array>& v = p.vecs[l];
     // 1. q, k, v = norm(h) @ [Wq; Wk; Wv]^T
-    GemvArgs g = product(p.h, d.hidden, ptr(w[kWq]), p.qkv_width(), p.qkv, ptr(w[kLn1]), d.rms_eps);
-    g.w[1] = ptr(w[kWk]);
-    g.w[2] = ptr(w[kWv]);
+    GemvArgs g = product(p.h, d.hidden, w[kWq], p.qkv_width(), p.qkv, ptr(v[kLn1]), d.rms_eps);
+    stack(g, 1, w[kWk]);
+    stack(g, 2, w[kWv]);
     g.seg[0] = q_rows;
     g.seg[1] = q_rows + kv_rows;
-    gemv_rows<T>(rows, kStore, true, g, s);
+    gemv_rows<T>(rows, kStore, true, w[kWq].bits, g, s);
     p.prof.mark(s, Profile::kQkv);
     // 2. attention of the new token, written into slot idx
     AttnArgs a{};
     a.qkv = p.qkv;
     a.qkv_stride = p.qkv_width();
-    a.q_norm = d.qk_norm ? ptr(w[kQn]) : nullptr;
-    a.k_norm = d.qk_norm ? ptr(w[kKn]) : nullptr;
+    a.q_norm = d.qk_norm ? ptr(v[kQn]) : nullptr;
+    a.k_norm = d.qk_norm ? ptr(v[kKn]) : nullptr;
     a.qk_eps = d.qk_eps;
     a.freqs = d.has_freqs ? static_cast<const float*>(ptr(p.freqs)) : nullptr;
     a.log2_base = d.log2_base;
@@ -319,22 +393,22 @@ void run_step(const Plan& p, int rows, cudaStream_t s) {
     launch_attend<T>(a, rows, d.head_dim, s);
     p.prof.mark(s, Profile::kAttend);
     // 3. h += att @ Wo^T
-    gemv_rows<T>(rows, kResidual, false, product(p.att, q_rows, ptr(w[kWo]), d.hidden, p.h), s);
+    gemv_rows<T>(rows, kResidual, false, w[kWo].bits, product(p.att, q_rows, w[kWo], d.hidden, p.h), s);
     p.prof.mark(s, Profile::kO);
     // 4. act = silu(norm(h) @ Wg^T) * (norm(h) @ Wu^T)
-    GemvArgs m = product(p.h, d.hidden, ptr(w[kWg]), d.intermediate, p.act, ptr(w[kLn2]), d.rms_eps);
-    m.w[1] = ptr(w[kWu]);
-    gemv_rows<T>(rows, kGlu, true, m, s);
+    GemvArgs m = product(p.h, d.hidden, w[kWg], d.intermediate, p.act, ptr(v[kLn2]), d.rms_eps);
+    stack(m, 1, w[kWu]);
+    gemv_rows<T>(rows, kGlu, true, w[kWg].bits, m, s);
     p.prof.mark(s, Profile::kGlu);
     // 5. h += act @ Wd^T
-    gemv_rows<T>(rows, kResidual, false, product(p.act, d.intermediate, ptr(w[kWd]), d.hidden, p.h), s);
+    gemv_rows<T>(rows, kResidual, false, w[kWd].bits, product(p.act, d.intermediate, w[kWd], d.hidden, p.h), s);
     p.prof.mark(s, Profile::kDown);
   }
   // logits = norm(h) @ head^T, into the step's logits array
-  GemvArgs hd = product(p.h, d.hidden, ptr(d.tied ? p.embed : p.head), d.vocab, nullptr,
-                        ptr(p.final_norm), d.rms_eps);
+  const Mat& head = d.tied ? p.embed : p.head;
+  GemvArgs hd = product(p.h, d.hidden, head, d.vocab, nullptr, ptr(p.final_norm), d.rms_eps);
   hd.out_ref = &p.params->logits;
-  gemv_rows<T>(rows, kStore, true, hd, s);
+  gemv_rows<T>(rows, kStore, true, head.bits, hd, s);
   p.prof.mark(s, Profile::kHead);
   check(cudaGetLastError(), "launch");
 }
@@ -455,10 +529,40 @@ extern "C" {
 // The reason the last call answered non-zero.
 const char* grove_fd_error() { return last_error.c_str(); }
 
-// A plan over the model's weights: `weights` holds embed, final norm, head
-// (untied only), RoPE frequencies (has_freqs only), then per layer
-// ln1, q, k, v, o, ln2, gate, up, down, [q_norm, k_norm]. 0: done.
-int grove_fd_new(const Dims* dims, void* const* weights, int n, void** plan_out) {
+// Checks and keeps one matrix of [rows, cols] (logical).
+std::string take_mat(const grove_fd::MatIn& in, int rows, int cols, Dtype dtype, Mat& out) {
+  if (in.w == nullptr) return "a matrix is missing";
+  const array& w = *static_cast<const array*>(in.w);
+  if (!w.is_available() || !contiguous(w) || w.ndim() != 2 || w.shape(0) != rows)
+    return "a matrix is not evaluated, contiguous or of its shape";
+  out.bits = in.bits;
+  out.w = w;
+  if (in.bits == 0) {
+    if (w.dtype() != dtype || w.shape(1) != cols) return "a dense matrix is not in the model's dtype";
+    return "";
+  }
+  if (in.bits != 4 && in.bits != 8) return "only 4- and 8-bit matrices are covered";
+  if (in.group_size != 32 && in.group_size != 64 && in.group_size != 128) return "group size not 32, 64 or 128";
+  if (in.scales == nullptr || in.biases == nullptr) return "a quantized matrix without scales or biases";
+  if (cols % in.group_size) return "a quantized matrix's columns are not whole groups";
+  if (w.dtype() != uint32 || static_cast<int64_t>(w.shape(1)) * 32 != static_cast<int64_t>(cols) * in.bits)
+    return "a quantized matrix's words do not match its shape";
+  out.gs = in.group_size;
+  out.scales = *static_cast<const array*>(in.scales);
+  out.biases = *static_cast<const array*>(in.biases);
+  for (const array* a : {&out.scales, &out.biases})
+    if (!a->is_available() || !contiguous(*a) || a->dtype() != dtype || a->ndim() != 2 || a->shape(0) != rows ||
+        a->shape(1) != cols / in.group_size)
+      return "scales or biases not dense [rows, groups] in the model's dtype";
+  return "";
+}
+
+// A plan over the model's weights. `mats`: embed, head (untied only), then
+// per layer q, k, v, o, gate, up, down. `vecs`: final norm, RoPE
+// frequencies (has_freqs only), then per layer ln1, ln2, [q_norm, k_norm].
+// 0: done.
+int grove_fd_new(const Dims* dims, const grove_fd::MatIn* mats, int n_mats, void* const* vecs, int n_vecs,
+                 void** plan_out) {
   try {
     auto p = std::make_shared<Plan>();
     p->d = *dims;
@@ -468,34 +572,62 @@ int grove_fd_new(const Dims* dims, void* const* weights, int n, void** plan_out)
       return fail("sizes must be multiples of 8");
     if (d.heads % d.kv_heads) return fail("heads must be a multiple of kv_heads");
     if (d.layers < 1 || d.layers > grove_fd::kMaxLayers) return fail("too many layers");
-    const int per = d.qk_norm ? kPerLayer : kQn;
-    const int fixed = 2 + (d.tied ? 0 : 1) + (d.has_freqs ? 1 : 0);
-    if (n != fixed + d.layers * per) return fail("wrong number of weights");
-    auto at = [&](int i) -> const array& { return *static_cast<const array*>(weights[i]); };
-    int i = 0;
-    p->embed = at(i++);
-    p->final_norm = at(i++);
-    if (!d.tied) p->head = at(i++);
-    if (d.has_freqs) p->freqs = at(i++);
-    p->dtype = p->embed.dtype();
-    if (p->dtype != bfloat16 && p->dtype != float16) return fail("weights must be float16 or bfloat16");
+    const int per_vecs = d.qk_norm ? kVecs : kQn;
+    if (n_mats != 1 + (d.tied ? 0 : 1) + d.layers * kMats) return fail("wrong number of matrices");
+    if (n_vecs != 1 + (d.has_freqs ? 1 : 0) + d.layers * per_vecs) return fail("wrong number of vectors");
+    auto vec = [&](int i) -> const array& { return *static_cast<const array*>(vecs[i]); };
+    int v = 0;
+    p->final_norm = vec(v++);
+    if (d.has_freqs) p->freqs = vec(v++);
+    p->dtype = p->final_norm.dtype();
+    if (p->dtype != bfloat16 && p->dtype != float16) return fail("activations must be float16 or bfloat16");
+    const int q_rows = d.heads * d.head_dim, kv_rows = d.kv_heads * d.head_dim;
+    int m = 0;
+    std::string why = take_mat(mats[m++], d.vocab, d.hidden, p->dtype, p->embed);
+    if (why.empty() && !d.tied) why = take_mat(mats[m++], d.vocab, d.hidden, p->dtype, p->head);
+    if (!why.empty()) return fail("embedding or head: " + why);
+    // The sizes of each layer's matrices, in kMats order: rows, cols.
+    const int shape[kMats][2] = {{q_rows, d.hidden},       {kv_rows, d.hidden},      {kv_rows, d.hidden},
+                                 {d.hidden, q_rows},       {d.intermediate, d.hidden}, {d.intermediate, d.hidden},
+                                 {d.hidden, d.intermediate}};
+    // Per row of x, the shared memory of the widest product.
+    // The products' (matrix, reduction length): the most rows whose
+    // shared memory fits every one.
+    std::vector<std::pair<const Mat*, int>> products;
+    products.emplace_back(d.tied ? &p->embed : &p->head, d.hidden);
+    auto need = [&](const Mat& w, int k) { products.emplace_back(&w, k); };
     for (int l = 0; l < d.layers; l++) {
-      std::vector<array> w;
-      for (int j = 0; j < per; j++) w.push_back(at(i++));
-      for (const array& a : w)
-        if (a.dtype() != p->dtype || !contiguous(a) || !a.is_available()) return fail("a layer weight is not dense in the model's dtype");
-      p->layer.push_back(std::move(w));
+      std::vector<Mat> w(kMats);
+      for (int j = 0; j < kMats; j++) {
+        why = take_mat(mats[m++], shape[j][0], shape[j][1], p->dtype, w[j]);
+        if (!why.empty()) return fail("layer " + std::to_string(l) + ": " + why);
+      }
+      // Stacked products take one kind of matrix.
+      auto same = [&](int a, int b) { return w[a].bits == w[b].bits && w[a].gs == w[b].gs; };
+      if (!same(kWq, kWk) || !same(kWq, kWv) || !same(kWg, kWu))
+        return fail("q/k/v or gate/up quantized differently");
+      std::vector<array> vs;
+      for (int j = 0; j < per_vecs; j++) {
+        const array& a = vec(v++);
+        if (a.dtype() != p->dtype || !contiguous(a) || !a.is_available())
+          return fail("a norm weight is not dense in the model's dtype");
+        vs.push_back(a);
+      }
+      p->mats.push_back(std::move(w));
+      p->vecs.push_back(std::move(vs));
     }
-    for (const array* a : {&p->embed, &p->final_norm, &p->head, &p->freqs})
-      if (!a->is_available()) return fail("a weight is not evaluated");
-    for (const array* a : {&p->embed, &p->final_norm})
-      if (!contiguous(*a)) return fail("embedding or norm not contiguous");
-    if (!d.tied && (p->head.dtype() != p->dtype || !contiguous(p->head)))
-      return fail("head not dense in the model's dtype");
-    if (d.has_freqs && (p->freqs.dtype() != float32 || !contiguous(p->freqs)))
-      return fail("RoPE frequencies must be float32");
-    const size_t widest = std::max({d.hidden, d.intermediate, d.heads * d.head_dim});
-    p->max_rows = static_cast<int>(std::min<size_t>(grove_fd::kMaxRows, kXBytes / (widest * size_of(p->dtype))));
+    for (const std::vector<Mat>& w : p->mats)
+      for (int j = 0; j < kMats; j++) need(w[j], shape[j][1]);
+    for (const array* a : {&p->final_norm, &p->freqs})
+      if (!a->is_available() || !contiguous(*a)) return fail("final norm or RoPE frequencies not evaluated");
+    if (d.has_freqs && p->freqs.dtype() != float32) return fail("RoPE frequencies must be float32");
+    auto fits = [&](int rows) {
+      for (const auto& [w, k] : products)
+        if (product_smem(w->bits, rows, k, size_of(p->dtype)) > kXBytes) return false;
+      return true;
+    };
+    p->max_rows = grove_fd::kMaxRows;
+    while (p->max_rows > 0 && !fits(p->max_rows)) p->max_rows--;
     if (p->max_rows < 1) return fail("a reduction is too long for the step");
     p->alloc();
     const char* prof = std::getenv("GROVE_FD_PROFILE");

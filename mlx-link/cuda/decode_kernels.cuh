@@ -10,259 +10,13 @@
 //
 // Every value MLX's step rounds to the model's dtype (each op's output) is
 // rounded here at the same place; sums run in float32 as in MLX's kernels,
-// in another order.
+// in another order. The products take dense weights in T or MLX's affine 4-
+// and 8-bit ones (Q).
 #pragma once
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
-#include <cstdint>
+#include "decode_common.cuh"
+#include "decode_gemv.cuh"
 
 namespace grove_fd {
-
-constexpr int kWarps = 8;       // warps per block of every kernel
-constexpr int kMaxRows = 8;     // batch rows one launch covers
-constexpr int kMaxLayers = 160; // layers one plan covers
-constexpr int kSplits = 8;      // key ranges attention is split into
-
-// What changes from one step to the next, in device memory: the step's
-// kernels read it there, so that one captured CUDA graph per batch size
-// replays every step (`set_params` writes it first, in stream order).
-struct StepParams {
-  const uint32_t* tokens;  // [B]
-  void* logits;            // [B, vocab]
-  int64_t cap;             // the caches' capacity (slots)
-  int idx;                 // the slot the new token is written to
-  int left[kMaxRows];      // each row's first slot (its left padding)
-  void* kc[kMaxLayers];    // per layer: keys [B, kv_heads, cap, D]
-  void* vc[kMaxLayers];    // values, the same
-};
-
-__global__ void set_params(const StepParams p, StepParams* dst) {
-  const int* src = reinterpret_cast<const int*>(&p);
-  int* out = reinterpret_cast<int*>(dst);
-  for (int i = threadIdx.x; i < static_cast<int>(sizeof(StepParams) / 4); i += blockDim.x) out[i] = src[i];
-}
-
-template <class T>
-struct Num;
-template <>
-struct Num<__nv_bfloat16> {
-  static __device__ __forceinline__ float to(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __device__ __forceinline__ __nv_bfloat16 from(float x) { return __float2bfloat16_rn(x); }
-};
-template <>
-struct Num<__half> {
-  static __device__ __forceinline__ float to(__half x) { return __half2float(x); }
-  static __device__ __forceinline__ __half from(float x) { return __float2half_rn(x); }
-};
-
-// x rounded to T and back: what an MLX op that outputs T leaves.
-template <class T>
-__device__ __forceinline__ float rt(float x) {
-  return Num<T>::to(Num<T>::from(x));
-}
-
-template <class T>
-__device__ __forceinline__ void unpack8(const uint4& v, float out[8]) {
-  const T* p = reinterpret_cast<const T*>(&v);
-#pragma unroll
-  for (int i = 0; i < 8; i++) out[i] = Num<T>::to(p[i]);
-}
-
-__device__ __forceinline__ uint4 load_stream(const void* p) {
-  return __ldg(reinterpret_cast<const uint4*>(p));
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// MLX's sigmoid on T (unary_ops.cuh: 1 / (1 + exp(|x|)), mirrored for x > 0).
-template <class T>
-__device__ __forceinline__ float sigmoid_t(float x) {
-  float e = rt<T>(expf(fabsf(x)));
-  float y = rt<T>(1.f / (1.f + e));
-  return x < 0 ? y : rt<T>(1.f - y);
-}
-
-// ---- 1. Matrix-vector products ------------------------------------------------
-
-enum Mode { kStore = 0, kResidual = 1, kGlu = 2 };
-
-struct GemvArgs {
-  const void* x;         // [B, K] in T, rows x_stride apart
-  int64_t x_stride;
-  const void* norm;      // RMS norm weight [K] (NORM kernels)
-  float eps;
-  const void* w[3];      // row-major [rows, K] matrices, stacked (kStore,
-  int seg[2];            // kResidual: rows < seg[0] in w[0], < seg[1] in
-                         // w[1], else w[2]); kGlu: w[0] gate, w[1] up
-  int n, k;              // output columns, reduction length
-  void* out;             // [B, n] in T, rows out_stride apart
-  void* const* out_ref;  // else: where the step's params hold `out`
-  int64_t out_stride;
-  int rows;              // B of this launch (<= the template's B)
-};
-
-template <class T>
-__device__ __forceinline__ uint4 pack8(const float v[8]) {
-  uint4 out;
-  T* p = reinterpret_cast<T*>(&out);
-#pragma unroll
-  for (int i = 0; i < 8; i++) p[i] = Num<T>::from(v[i]);
-  return out;
-}
-
-// Each warp computes R output columns (kGlu: R of gate and R of up) for all
-// B rows, reading each weight once with 16-byte loads, eight in flight. The
-// block first puts the rows of x (normalized, for NORM: the values MLX's
-// rms_norm outputs, exact in T) into shared memory: `rows * k` values of T,
-// the launch's dynamic shared memory.
-template <class T, int B, int R, int MODE, bool NORM>
-__global__ void __launch_bounds__(kWarps * 32) gemv(const GemvArgs a) {
-  constexpr int NR = MODE == kGlu ? 2 * R : R;
-  extern __shared__ uint4 xs[];  // [rows][k / 8]
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const T* x = static_cast<const T*>(a.x);
-  const int k8 = a.k / 8;
-  // 1. This warp's weight rows (past the end: the last row, not stored).
-  const int col0 = (blockIdx.x * kWarps + warp) * R;
-  const T* wr[NR];
-#pragma unroll
-  for (int r = 0; r < NR; r++) {
-    int c = min(col0 + (r % R), a.n - 1);
-    const T* base;
-    if constexpr (MODE == kGlu) {
-      base = static_cast<const T*>(a.w[r / R]);
-    } else if (c < a.seg[0]) {
-      base = static_cast<const T*>(a.w[0]);
-    } else if (c < a.seg[1]) {
-      base = static_cast<const T*>(a.w[1]);
-      c -= a.seg[0];
-    } else {
-      base = static_cast<const T*>(a.w[2]);
-      c -= a.seg[1];
-    }
-    wr[r] = base + static_cast<int64_t>(c) * a.k;
-  }
-  // 2. x into shared memory; for NORM each row's 1 / rms over all K, then
-  //    the normalized values in place.
-  for (int i = threadIdx.x; i < a.rows * k8; i += blockDim.x) {
-    const int b = i / k8, c = i - b * k8;
-    xs[i] = *reinterpret_cast<const uint4*>(x + b * a.x_stride + c * 8);
-  }
-  __syncthreads();
-  if constexpr (NORM) {
-    __shared__ float part[kWarps][B];
-    __shared__ float inv[B];
-    float ss[B];
-#pragma unroll
-    for (int b = 0; b < B; b++) ss[b] = 0.f;
-#pragma unroll
-    for (int b = 0; b < B; b++) {
-      if (b < a.rows) {
-        for (int c = threadIdx.x; c < k8; c += blockDim.x) {
-          float v[8];
-          unpack8<T>(xs[b * k8 + c], v);
-#pragma unroll
-          for (int i = 0; i < 8; i++) ss[b] += v[i] * v[i];
-        }
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < B; b++) {
-      float t = warp_sum(ss[b]);
-      if (lane == 0) part[warp][b] = t;
-    }
-    __syncthreads();
-    if (threadIdx.x < B) {
-      float t = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; w++) t += part[w][threadIdx.x];
-      inv[threadIdx.x] = rsqrtf(t / a.k + a.eps);
-    }
-    __syncthreads();
-    const T* nw = static_cast<const T*>(a.norm);
-    for (int i = threadIdx.x; i < a.rows * k8; i += blockDim.x) {
-      const int b = i / k8, c = i - b * k8;
-      float v[8], g[8];
-      unpack8<T>(xs[i], v);
-      unpack8<T>(*reinterpret_cast<const uint4*>(nw + c * 8), g);
-      // MLX's rms_norm: w * T(x * inv), each product rounded to T.
-#pragma unroll
-      for (int j = 0; j < 8; j++) v[j] = g[j] * rt<T>(v[j] * inv[b]);
-      xs[i] = pack8<T>(v);
-    }
-    __syncthreads();
-  }
-  if (col0 >= a.n) return;
-  float acc[NR][B];
-#pragma unroll
-  for (int r = 0; r < NR; r++)
-#pragma unroll
-    for (int b = 0; b < B; b++) acc[r][b] = 0.f;
-  auto consume = [&](const uint4 (&wv)[NR], int k) {
-    float wf[NR][8];
-#pragma unroll
-    for (int r = 0; r < NR; r++) unpack8<T>(wv[r], wf[r]);
-#pragma unroll
-    for (int b = 0; b < B; b++) {
-      if (b < a.rows) {
-        float v[8];
-        unpack8<T>(xs[b * k8 + k / 8], v);
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-#pragma unroll
-          for (int i = 0; i < 8; i++) acc[r][b] = fmaf(wf[r][i], v[i], acc[r][b]);
-      }
-    }
-  };
-  // 3. Eight (then four, then one) 16-byte chunks of every row in flight:
-  //    enough bytes in flight per SM to keep HBM busy.
-  int k = lane * 8;
-  auto pass = [&]<int U>() {
-    for (; k + (U - 1) * 256 < a.k; k += U * 256) {
-      uint4 wv[U][NR];
-#pragma unroll
-      for (int u = 0; u < U; u++)
-#pragma unroll
-        for (int r = 0; r < NR; r++) wv[u][r] = load_stream(wr[r] + k + u * 256);
-#pragma unroll
-      for (int u = 0; u < U; u++) consume(wv[u], k + u * 256);
-    }
-  };
-  pass.template operator()<8>();
-  pass.template operator()<4>();
-  pass.template operator()<1>();
-  // 4. Sum the lanes and store as MODE says.
-#pragma unroll
-  for (int r = 0; r < NR; r++)
-#pragma unroll
-    for (int b = 0; b < B; b++) acc[r][b] = warp_sum(acc[r][b]);
-  if (lane != 0) return;
-  T* out = static_cast<T*>(a.out_ref != nullptr ? *a.out_ref : a.out);
-#pragma unroll
-  for (int r = 0; r < R; r++) {
-    const int c = col0 + r;
-    if (c >= a.n) break;
-#pragma unroll
-    for (int b = 0; b < B; b++) {
-      if (b >= a.rows) break;
-      T* o = out + b * a.out_stride + c;
-      if constexpr (MODE == kStore) {
-        *o = Num<T>::from(acc[r][b]);
-      } else if constexpr (MODE == kResidual) {
-        *o = Num<T>::from(Num<T>::to(*o) + rt<T>(acc[r][b]));
-      } else {
-        // MLX's silu(gate) * up: gate * sigmoid(gate), then * up, each in T.
-        const float gate = rt<T>(acc[r][b]), up = rt<T>(acc[R + r][b]);
-        *o = Num<T>::from(rt<T>(gate * sigmoid_t<T>(gate)) * up);
-      }
-    }
-  }
-}
 
 // ---- 2. Attention of the new token ---------------------------------------------
 
@@ -496,6 +250,31 @@ __global__ void embed(const StepParams* sp, const T* table, int vocab, int hidde
   const uint4* src = reinterpret_cast<const uint4*>(table + static_cast<int64_t>(t) * hidden);
   uint4* dst = reinterpret_cast<uint4*>(h + static_cast<int64_t>(b) * hidden);
   for (int i = threadIdx.x; i < hidden / 8; i += blockDim.x) dst[i] = src[i];
+}
+
+// The same from a Q-bit table: MLX's dequantize, q * scale + bias in T
+// (each operation rounded to T).
+template <class T, int Q>
+__global__ void embed_q(const StepParams* sp, const uint32_t* table, const T* scales, const T* biases,
+                        int vocab, int hidden, int gs, T* h) {
+  constexpr int PER_WORD = 32 / Q;
+  const int b = blockIdx.x;
+  uint32_t t = sp->tokens[b];
+  if (t >= static_cast<uint32_t>(vocab)) t = 0;
+  const uint32_t* src = table + static_cast<int64_t>(t) * (hidden / PER_WORD);
+  const T* s = scales + static_cast<int64_t>(t) * (hidden / gs);
+  const T* z = biases + static_cast<int64_t>(t) * (hidden / gs);
+  T* dst = h + static_cast<int64_t>(b) * hidden;
+  for (int i = threadIdx.x; i < hidden / PER_WORD; i += blockDim.x) {
+    const uint32_t word = src[i];
+    const int g = i * PER_WORD / gs;
+    const float sc = Num<T>::to(s[g]), bi = Num<T>::to(z[g]);
+#pragma unroll
+    for (int e = 0; e < PER_WORD; e++) {
+      const float q = static_cast<float>((word >> (e * Q)) & ((1u << Q) - 1u));
+      dst[i * PER_WORD + e] = Num<T>::from(rt<T>(q * sc) + bi);
+    }
+  }
 }
 
 }  // namespace grove_fd

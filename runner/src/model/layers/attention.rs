@@ -10,6 +10,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::ops::{expand_dims, select, softmax_axis, split_at_indices, tanh};
 use mlx_rs::{Array, Dtype};
 
+use super::cuda_decode::DecodeMat;
 use super::linear::Linear;
 use super::norm::RmsNorm;
 use super::rope::Rope;
@@ -79,10 +80,10 @@ pub(crate) type NormParts<'a> = (&'a Array, f32);
 pub(crate) struct PlainAttention<'a> {
     pub shape: AttentionShape,
     pub scale: f32,
-    pub q: &'a Array,
-    pub k: &'a Array,
-    pub v: &'a Array,
-    pub o: &'a Array,
+    pub q: DecodeMat<'a>,
+    pub k: DecodeMat<'a>,
+    pub v: DecodeMat<'a>,
+    pub o: DecodeMat<'a>,
     /// The q and k norms' weights and epsilons.
     pub qk_norm: Option<(NormParts<'a>, NormParts<'a>)>,
     pub rope: &'a Rope,
@@ -177,10 +178,10 @@ impl Attention {
         Some(PlainAttention {
             shape: *s,
             scale: self.scale,
-            q: q.dense_weight()?,
-            k: k.dense_weight()?,
-            v: v.dense_weight()?,
-            o: self.o.dense_weight()?,
+            q: q.decode_matrix()?,
+            k: k.decode_matrix()?,
+            v: v.decode_matrix()?,
+            o: self.o.decode_matrix()?,
             qk_norm: self
                 .qk_norm
                 .as_ref()

@@ -1,6 +1,7 @@
 //! Grove's CUDA decode step: a whole decode step of a plain pre-norm decoder
-//! (Llama, Mistral, Qwen3: dense float16/bfloat16 weights without biases,
-//! SiLU MLPs, full attention with full-precision keys and values) as one MLX
+//! (Llama, Mistral, Qwen3: float16/bfloat16 weights or MLX's affine 4- and
+//! 8-bit quantization, without biases; SiLU MLPs, full attention with
+//! full-precision keys and values) as one MLX
 //! graph node that launches 5 kernels per layer (`mlx-link/cuda/decode.cu`),
 //! captured once per batch size as a CUDA graph and replayed.
 //!
@@ -14,8 +15,9 @@
 //! runner opens it when MLX's device is a CUDA GPU (`GROVE_CUDA_DECODE_LIB`
 //! names another path). Without it, with `GROVE_FAST_DECODE=0`, for a model
 //! or a batch it does not cover (more rows than fit its products' shared
-//! memory: 3 on Llama-1B, 1 on Llama-8B; quantized or windowed caches, a
-//! model split over ranks), the step is MLX's, as everywhere else.
+//! memory: 3 on Llama-1B, 1 on Llama-8B; other quantization modes, quantized
+//! or windowed caches, a model split over ranks), the step is MLX's, as
+//! everywhere else.
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::sync::OnceLock;
 
@@ -48,11 +50,76 @@ pub struct FastDims {
     pub has_freqs: i32,
 }
 
+/// One matrix as the step takes it.
+#[derive(Clone, Copy)]
+pub(crate) enum DecodeMat<'a> {
+    /// `[rows, cols]` in the model's dtype.
+    Dense(&'a Array),
+    /// MLX's affine quantization: uint32 words, scales and biases per group.
+    Affine {
+        weight: &'a Array,
+        scales: &'a Array,
+        biases: &'a Array,
+        bits: i32,
+        group_size: i32,
+    },
+}
+
+impl DecodeMat<'_> {
+    /// Output rows.
+    pub fn rows(&self) -> i32 {
+        match self {
+            Self::Dense(w) | Self::Affine { weight: w, .. } => w.dim(0),
+        }
+    }
+
+    fn raw(&self) -> MatIn {
+        match *self {
+            Self::Dense(w) => MatIn {
+                w: w.as_ptr().ctx,
+                scales: std::ptr::null_mut(),
+                biases: std::ptr::null_mut(),
+                bits: 0,
+                group_size: 0,
+            },
+            Self::Affine {
+                weight,
+                scales,
+                biases,
+                bits,
+                group_size,
+            } => MatIn {
+                w: weight.as_ptr().ctx,
+                scales: scales.as_ptr().ctx,
+                biases: biases.as_ptr().ctx,
+                bits,
+                group_size,
+            },
+        }
+    }
+}
+
+/// decode.cu's `MatIn`.
+#[repr(C)]
+struct MatIn {
+    w: *mut c_void,
+    scales: *mut c_void,
+    biases: *mut c_void,
+    bits: i32,
+    group_size: i32,
+}
+
 /// Rows one step covers (decode.cu's `kMaxRows`).
 pub const MAX_ROWS: usize = 8;
 
-type NewFn =
-    unsafe extern "C" fn(*const FastDims, *const *mut c_void, c_int, *mut *mut c_void) -> c_int;
+type NewFn = unsafe extern "C" fn(
+    *const FastDims,
+    *const MatIn,
+    c_int,
+    *const *mut c_void,
+    c_int,
+    *mut *mut c_void,
+) -> c_int;
 type StepFn = unsafe extern "C" fn(
     *mut c_void,
     *mut c_void,
@@ -152,7 +219,7 @@ pub(crate) struct FastLayer<'a> {
     pub input_norm: (&'a Array, f32),
     pub attention: PlainAttention<'a>,
     pub post_norm: (&'a Array, f32),
-    pub mlp: (&'a Array, &'a Array, &'a Array),
+    pub mlp: (DecodeMat<'a>, DecodeMat<'a>, DecodeMat<'a>),
 }
 
 /// A plan of the step over one model's weights.
@@ -179,9 +246,9 @@ impl FastDecode {
     /// Makes the plan, or says (on stderr, once per model) why the model is
     /// not covered. `head` is `None` for tied embeddings.
     pub(crate) fn new(
-        embed: &Array,
+        embed: DecodeMat<'_>,
         final_norm: (&Array, f32),
-        head: Option<&Array>,
+        head: Option<DecodeMat<'_>>,
         layers: &[FastLayer<'_>],
         vocab: i32,
         intermediate: i32,
@@ -210,9 +277,10 @@ impl FastDecode {
             tied: head.is_none() as i32,
             has_freqs: freqs.is_some() as i32,
         };
-        let mut w: Vec<&Array> = vec![embed, final_norm.0];
-        w.extend(head);
-        w.extend(freqs);
+        let mut mats: Vec<MatIn> = vec![embed.raw()];
+        mats.extend(head.map(|h| h.raw()));
+        let mut vecs: Vec<&Array> = vec![final_norm.0];
+        vecs.extend(freqs);
         for l in layers {
             let at = &l.attention;
             let same_shape = at.shape.heads == a.shape.heads
@@ -222,29 +290,29 @@ impl FastDecode {
             if !same_shape || l.input_norm.1 != d.rms_eps || l.post_norm.1 != d.rms_eps {
                 return None;
             }
-            w.extend([
-                l.input_norm.0,
-                at.q,
-                at.k,
-                at.v,
-                at.o,
-                l.post_norm.0,
-                l.mlp.0,
-                l.mlp.1,
-                l.mlp.2,
-            ]);
+            mats.extend([at.q, at.k, at.v, at.o, l.mlp.0, l.mlp.1, l.mlp.2].map(|m| m.raw()));
+            vecs.extend([l.input_norm.0, l.post_norm.0]);
             if let Some(((qn, qe), (kn, ke))) = at.qk_norm {
                 if qe != d.qk_eps || ke != d.qk_eps {
                     return None;
                 }
-                w.extend([qn, kn]);
+                vecs.extend([qn, kn]);
             }
         }
-        let ptrs: Vec<*mut c_void> = w.iter().map(|a| a.as_ptr().ctx).collect();
+        let ptrs: Vec<*mut c_void> = vecs.iter().map(|a| a.as_ptr().ctx).collect();
         let mut plan = std::ptr::null_mut();
-        // SAFETY: `d` and `ptrs` live across the call; the plan copies the
-        // arrays it keeps.
-        let status = unsafe { (lib.new)(&d, ptrs.as_ptr(), ptrs.len() as c_int, &mut plan) };
+        // SAFETY: `d`, `mats` and `ptrs` (and the arrays they point at) live
+        // across the call; the plan copies the arrays it keeps.
+        let status = unsafe {
+            (lib.new)(
+                &d,
+                mats.as_ptr(),
+                mats.len() as c_int,
+                ptrs.as_ptr(),
+                ptrs.len() as c_int,
+                &mut plan,
+            )
+        };
         if status != 0 {
             eprintln!(
                 "grove-runner: CUDA decode step not used for this model: {}",
@@ -252,6 +320,7 @@ impl FastDecode {
             );
             return None;
         }
+        eprintln!("grove-runner: decode steps by Grove's CUDA step");
         Some(Self {
             plan,
             lib,

@@ -346,13 +346,13 @@ impl Decoder {
                         mlp: m.plain_silu()?,
                     });
                 }
-                let embed = self.embed.dense_table()?;
+                let embed = self.embed.decode_matrix()?;
                 let head = match &self.lm_head {
-                    Some(h) => Some(h.dense_weight()?),
+                    Some(h) => Some(h.decode_matrix()?),
                     None => None,
                 };
-                let vocab = head.unwrap_or(embed).dim(0);
-                let intermediate = layers.first()?.mlp.0.dim(0);
+                let vocab = head.unwrap_or(embed).rows();
+                let intermediate = layers.first()?.mlp.0.rows();
                 FastDecode::new(
                     embed,
                     self.norm.weight_eps(),

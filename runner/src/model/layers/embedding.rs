@@ -1,4 +1,5 @@
 //! Token embeddings, dense or quantized, and their use as a tied output head.
+use super::cuda_decode::DecodeMat;
 use super::linear::Packed;
 use super::quant_ops::dequantize;
 use crate::error::Result;
@@ -59,15 +60,15 @@ impl Embedding {
 }
 
 impl Embedding {
-    /// The arrays this table holds.
-    /// The table of a dense embedding.
-    pub(crate) fn dense_table(&self) -> Option<&Array> {
+    /// The table as Grove's CUDA decode step takes it.
+    pub(crate) fn decode_matrix(&self) -> Option<DecodeMat<'_>> {
         match self {
-            Self::Dense(t) => Some(t),
-            Self::Quantized(_) => None,
+            Self::Dense(t) => Some(DecodeMat::Dense(t)),
+            Self::Quantized(p) => p.decode_matrix(),
         }
     }
 
+    /// The arrays this table holds.
     pub fn parameters(&self) -> Vec<&Array> {
         match self {
             Self::Dense(t) => vec![t],

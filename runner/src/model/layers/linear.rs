@@ -5,9 +5,10 @@ use mlx_rs::Array;
 use mlx_rs::error::Exception;
 use mlx_rs::ops::addmm;
 
+use super::cuda_decode::DecodeMat;
 use super::quant_ops::{QuantRef, quantized_matmul};
 use crate::error::Result;
-use crate::model::config::{QuantParams, Quantization};
+use crate::model::config::{QuantMode, QuantParams, Quantization};
 use crate::model::weights::Weights;
 
 /// A packed quantized matrix: `weight` (uint32), per-group `scales` (and
@@ -113,6 +114,21 @@ impl Linear {
 }
 
 impl Packed {
+    /// The matrix as Grove's CUDA decode step takes it (affine, 4 or 8 bits).
+    pub(crate) fn decode_matrix(&self) -> Option<DecodeMat<'_>> {
+        let p = self.params;
+        if p.mode != QuantMode::Affine || !matches!(p.bits, 4 | 8) {
+            return None;
+        }
+        Some(DecodeMat::Affine {
+            weight: &self.weight,
+            scales: &self.scales,
+            biases: self.biases.as_ref()?,
+            bits: p.bits,
+            group_size: p.group_size,
+        })
+    }
+
     /// The arrays this matrix holds.
     pub fn parameters(&self) -> Vec<&Array> {
         let mut out = vec![&self.weight, &self.scales];
@@ -122,11 +138,12 @@ impl Packed {
 }
 
 impl Linear {
-    /// The weight of a dense matrix without a bias (Grove's CUDA decode
-    /// step covers only those).
-    pub(crate) fn dense_weight(&self) -> Option<&Array> {
+    /// The matrix as Grove's CUDA decode step takes it: dense or affine 4-
+    /// or 8-bit, without a bias (the step covers only those).
+    pub(crate) fn decode_matrix(&self) -> Option<DecodeMat<'_>> {
         match self {
-            Self::Dense { weight, bias: None } => Some(weight),
+            Self::Dense { weight, bias: None } => Some(DecodeMat::Dense(weight)),
+            Self::Quantized { packed, bias: None } => packed.decode_matrix(),
             _ => None,
         }
     }

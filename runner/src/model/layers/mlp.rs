@@ -5,6 +5,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::ops::{sigmoid, split_equal, tanh};
 use mlx_rs::{Array, Dtype};
 
+use super::cuda_decode::DecodeMat;
 use super::linear::Linear;
 use crate::error::Result;
 use crate::model::config::Quantization;
@@ -142,9 +143,9 @@ impl Mlp {
 }
 
 impl Mlp {
-    /// Gate, up and down of a SiLU block of three dense matrices without
-    /// biases (what Grove's CUDA decode step covers).
-    pub(crate) fn plain_silu(&self) -> Option<(&Array, &Array, &Array)> {
+    /// Gate, up and down of a SiLU block of three matrices without biases
+    /// (what Grove's CUDA decode step covers).
+    pub(crate) fn plain_silu(&self) -> Option<(DecodeMat<'_>, DecodeMat<'_>, DecodeMat<'_>)> {
         let Projections::Separate { gate, up } = &self.projections else {
             return None;
         };
@@ -152,9 +153,9 @@ impl Mlp {
             return None;
         }
         Some((
-            gate.dense_weight()?,
-            up.dense_weight()?,
-            self.down.dense_weight()?,
+            gate.decode_matrix()?,
+            up.decode_matrix()?,
+            self.down.decode_matrix()?,
         ))
     }
 

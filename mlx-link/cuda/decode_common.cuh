@@ -1,0 +1,94 @@
+// What the kernels of Grove's CUDA decode step share: sizes, the step's
+// changing inputs in device memory, and conversions between T and float
+// (decode_kernels.cuh lists the kernels).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace grove_fd {
+
+constexpr int kWarps = 8;       // warps per block of every kernel
+constexpr int kMaxRows = 8;     // batch rows one launch covers
+constexpr int kMaxLayers = 160; // layers one plan covers
+constexpr int kSplits = 8;      // key ranges attention is split into
+
+// What changes from one step to the next, in device memory: the step's
+// kernels read it there, so that one captured CUDA graph per batch size
+// replays every step (`set_params` writes it first, in stream order).
+struct StepParams {
+  const uint32_t* tokens;  // [B]
+  void* logits;            // [B, vocab]
+  int64_t cap;             // the caches' capacity (slots)
+  int idx;                 // the slot the new token is written to
+  int left[kMaxRows];      // each row's first slot (its left padding)
+  void* kc[kMaxLayers];    // per layer: keys [B, kv_heads, cap, D]
+  void* vc[kMaxLayers];    // values, the same
+};
+
+__global__ void set_params(const StepParams p, StepParams* dst) {
+  const int* src = reinterpret_cast<const int*>(&p);
+  int* out = reinterpret_cast<int*>(dst);
+  for (int i = threadIdx.x; i < static_cast<int>(sizeof(StepParams) / 4); i += blockDim.x) out[i] = src[i];
+}
+
+template <class T>
+struct Num;
+template <>
+struct Num<__nv_bfloat16> {
+  static __device__ __forceinline__ float to(__nv_bfloat16 x) { return __bfloat162float(x); }
+  static __device__ __forceinline__ __nv_bfloat16 from(float x) { return __float2bfloat16_rn(x); }
+};
+template <>
+struct Num<__half> {
+  static __device__ __forceinline__ float to(__half x) { return __half2float(x); }
+  static __device__ __forceinline__ __half from(float x) { return __float2half_rn(x); }
+};
+
+// x rounded to T and back: what an MLX op that outputs T leaves.
+template <class T>
+__device__ __forceinline__ float rt(float x) {
+  return Num<T>::to(Num<T>::from(x));
+}
+
+// Eight values of T in 16 bytes as floats, from the four 32-bit words (so
+// that a vector in shared memory is read with one 16-byte load).
+template <class T>
+__device__ __forceinline__ void unpack8(const uint4 v, float out[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      out[2 * i] = __uint_as_float(w[i] << 16);
+      out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    } else {
+      __half2 h;
+      memcpy(&h, &w[i], 4);
+      const float2 f = __half22float2(h);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  }
+}
+
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// MLX's sigmoid on T (unary_ops.cuh: 1 / (1 + exp(|x|)), mirrored for x > 0).
+template <class T>
+__device__ __forceinline__ float sigmoid_t(float x) {
+  float e = rt<T>(expf(fabsf(x)));
+  float y = rt<T>(1.f / (1.f + e));
+  return x < 0 ? y : rt<T>(1.f - y);
+}
+
+}  // namespace grove_fd

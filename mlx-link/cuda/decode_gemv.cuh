@@ -1,0 +1,311 @@
+// The matrix-vector products of Grove's CUDA decode step
+// (decode_kernels.cuh lists the step's kernels): x [B, K] (normalized first
+// for NORM) times a dense matrix in T or one in MLX's affine 4/8-bit layout,
+// stored, added into the residual, or as SiLU(gate) * up.
+#pragma once
+#include "decode_common.cuh"
+
+namespace grove_fd {
+
+// ---- 1. Matrix-vector products ------------------------------------------------
+
+enum Mode { kStore = 0, kResidual = 1, kGlu = 2 };
+
+struct GemvArgs {
+  const void* x;         // [B, K] in T, rows x_stride apart
+  int64_t x_stride;
+  const void* norm;      // RMS norm weight [K] (NORM kernels)
+  float eps;
+  const void* w[3];      // row-major [rows, K] matrices, stacked (kStore,
+  int seg[2];            // kResidual: rows < seg[0] in w[0], < seg[1] in
+                         // w[1], else w[2]); kGlu: w[0] gate, w[1] up
+  const void* scales[3]; // quantized (Q > 0): per matrix [rows, K / gs] in
+  const void* biases[3]; // T, MLX's affine layout (w: uint32 words of
+  int gs, gs_log2;       // 32 / Q values, lowest bits first; gs = 2^gs_log2)
+  int n, k;              // output columns, reduction length
+  void* out;             // [B, n] in T, rows out_stride apart
+  void* const* out_ref;  // else: where the step's params hold `out`
+  int64_t out_stride;
+  int rows;              // B of this launch (<= the template's B)
+};
+
+template <class T>
+__device__ __forceinline__ uint4 pack8(const float v[8]) {
+  uint4 out;
+  T* p = reinterpret_cast<T*>(&out);
+#pragma unroll
+  for (int i = 0; i < 8; i++) p[i] = Num<T>::from(v[i]);
+  return out;
+}
+
+// Value E of a word of Q-bit values as 1 + q / 2^Q: q moved into the top
+// mantissa bits of 1.0f with a shift and a mask (integer-to-float
+// conversions issue at a quarter of the rate and would bound the product).
+template <int Q, int E>
+__device__ __forceinline__ float unit(uint32_t word) {
+  constexpr int SHIFT = (23 - Q) - E * Q;
+  constexpr uint32_t FIELD = ((1u << Q) - 1u) << (23 - Q);
+  const uint32_t moved = SHIFT >= 0 ? (word << (SHIFT >= 0 ? SHIFT : 0)) : (word >> (SHIFT < 0 ? -SHIFT : 0));
+  return __uint_as_float((moved & FIELD) | 0x3f800000u);
+}
+
+// Each warp computes R output columns (kGlu: R of gate and R of up) for all
+// B rows, reading each weight once with 16-byte loads, eight in flight. The
+// block first puts the rows of x (normalized, for NORM: the values MLX's
+// rms_norm outputs, exact in T) into shared memory: `rows * k` values of T,
+// then, for Q-bit weights (Q = 4 or 8; 0: dense T), the sum of each lane
+// load's span of x: the launch's dynamic shared memory (gemv_smem).
+//
+// A quantized column's dot product is sum over spans of scale * sum(x q) +
+// bias * sum(x), with sum(x q) = 2^Q (sum(x (1 + q / 2^Q)) - sum(x)), all in
+// float32 (as Grove's qmv.cuh; MLX's quantized_matmul on these rows gives
+// the same values up to the order of its float sums).
+template <int Q>
+struct Span {
+  static constexpr int kVals = Q == 0 ? 8 : 128 / Q;  // values per 16-byte load
+  static constexpr int kXVecs = Q == 0 ? 1 : kVals / 8;  // x's 16-byte vectors
+};
+
+// Where x's 16-byte vector i of a row sits in shared memory: for Q, the
+// vectors of a lane's span rotated by the lane's position, so that the 8
+// lanes of a shared-memory phase read 8 different bank groups.
+template <int XV>
+__device__ __forceinline__ int swz(int i) {
+  if constexpr (XV == 1) {
+    return i;
+  } else {
+    const int c = i / XV, j = i % XV;
+    return c * XV + (j + c / (8 / XV)) % XV;
+  }
+}
+
+__host__ __device__ constexpr size_t gemv_smem(int q, int rows, int k, int t_bytes) {
+  return static_cast<size_t>(rows) * k * t_bytes + (q == 0 ? 0 : static_cast<size_t>(rows) * (k / (128 / q)) * 4);
+}
+
+template <class T, int B, int R, int MODE, bool NORM, int Q>
+__global__ void __launch_bounds__(kWarps * 32) gemv(const GemvArgs a) {
+  constexpr int NR = MODE == kGlu ? 2 * R : R;
+  constexpr int V = Span<Q>::kVals, XV = Span<Q>::kXVecs;
+  extern __shared__ uint4 xs[];  // [rows][k / 8], then (Q) float [rows][k / V]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const T* x = static_cast<const T*>(a.x);
+  const int k8 = a.k / 8, kv = a.k / V;
+  float* xsum = reinterpret_cast<float*>(xs + a.rows * k8);
+  // 1. x into shared memory; for NORM each row's 1 / rms over all K, then
+  //    the normalized values in place; for Q the spans' sums.
+  for (int i = threadIdx.x; i < a.rows * k8; i += blockDim.x) {
+    const int b = i / k8, c = i - b * k8;
+    xs[b * k8 + swz<XV>(c)] = *reinterpret_cast<const uint4*>(x + b * a.x_stride + c * 8);
+  }
+  __syncthreads();
+  if constexpr (NORM) {
+    __shared__ float part[kWarps][B];
+    __shared__ float inv[B];
+    float ss[B];
+#pragma unroll
+    for (int b = 0; b < B; b++) ss[b] = 0.f;
+#pragma unroll
+    for (int b = 0; b < B; b++) {
+      if (b < a.rows) {
+        for (int c = threadIdx.x; c < k8; c += blockDim.x) {
+          float v[8];
+          unpack8<T>(xs[b * k8 + c], v);
+#pragma unroll
+          for (int i = 0; i < 8; i++) ss[b] += v[i] * v[i];
+        }
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < B; b++) {
+      float t = warp_sum(ss[b]);
+      if (lane == 0) part[warp][b] = t;
+    }
+    __syncthreads();
+    if (threadIdx.x < B) {
+      float t = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; w++) t += part[w][threadIdx.x];
+      inv[threadIdx.x] = rsqrtf(t / a.k + a.eps);
+    }
+    __syncthreads();
+    const T* nw = static_cast<const T*>(a.norm);
+    for (int i = threadIdx.x; i < a.rows * k8; i += blockDim.x) {
+      const int b = i / k8, c = i - b * k8;
+      float v[8], g[8];
+      uint4& slot = xs[b * k8 + swz<XV>(c)];
+      unpack8<T>(slot, v);
+      unpack8<T>(*reinterpret_cast<const uint4*>(nw + c * 8), g);
+      // MLX's rms_norm: w * T(x * inv), each product rounded to T.
+#pragma unroll
+      for (int j = 0; j < 8; j++) v[j] = g[j] * rt<T>(v[j] * inv[b]);
+      slot = pack8<T>(v);
+    }
+    __syncthreads();
+  }
+  if constexpr (Q != 0) {
+    for (int i = threadIdx.x; i < a.rows * kv; i += blockDim.x) {
+      float t = 0.f;
+#pragma unroll
+      for (int j = 0; j < XV; j++) {
+        float v[8];
+        unpack8<T>(xs[i * XV + j], v);
+#pragma unroll
+        for (int e = 0; e < 8; e++) t += v[e];
+      }
+      xsum[i] = t;
+    }
+    __syncthreads();
+  }
+  // 2. Each group of columns this block takes (a block stages x once for
+  //    all of them): this warp's weight rows (past the end: the last row,
+  //    not stored).
+  for (int col0 = (blockIdx.x * kWarps + warp) * R; col0 < a.n; col0 += gridDim.x * kWarps * R) {
+    const char* wr[NR];
+    const T* sr[NR];
+    const T* br[NR];
+    const int64_t row_bytes = static_cast<int64_t>(a.k) * (Q == 0 ? 8 * sizeof(T) : Q) / 8;
+    const int groups = Q == 0 ? 0 : a.k / a.gs;
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+      int c = min(col0 + (r % R), a.n - 1);
+      int m;
+      if constexpr (MODE == kGlu) {
+        m = r / R;
+      } else if (c < a.seg[0]) {
+        m = 0;
+      } else if (c < a.seg[1]) {
+        m = 1;
+        c -= a.seg[0];
+      } else {
+        m = 2;
+        c -= a.seg[1];
+      }
+      wr[r] = static_cast<const char*>(a.w[m]) + c * row_bytes;
+      if constexpr (Q != 0) {
+        sr[r] = static_cast<const T*>(a.scales[m]) + static_cast<int64_t>(c) * groups;
+        br[r] = static_cast<const T*>(a.biases[m]) + static_cast<int64_t>(c) * groups;
+      }
+    }
+    float acc[NR][B];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+      for (int b = 0; b < B; b++) acc[r][b] = 0.f;
+    // One 16-byte load of each row, at value k (and, for Q, its group's scale
+    // and bias) into the sums.
+    auto consume = [&](const uint4 (&wv)[NR], const T (&sv)[NR], const T (&bv)[NR], int k) {
+      if constexpr (Q == 0) {
+        float wf[NR][8];
+#pragma unroll
+        for (int r = 0; r < NR; r++) unpack8<T>(wv[r], wf[r]);
+#pragma unroll
+        for (int b = 0; b < B; b++) {
+          if (b < a.rows) {
+            float v[8];
+            unpack8<T>(xs[b * k8 + k / 8], v);
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+#pragma unroll
+              for (int i = 0; i < 8; i++) acc[r][b] = fmaf(wf[r][i], v[i], acc[r][b]);
+          }
+        }
+      } else {
+        constexpr int PER_WORD = 32 / Q;  // values per 32-bit word
+#pragma unroll
+        for (int b = 0; b < B; b++) {
+          if (b < a.rows) {
+            const float xt = xsum[b * kv + k / V];
+            float dot[NR];
+#pragma unroll
+            for (int r = 0; r < NR; r++) dot[r] = 0.f;
+#pragma unroll
+            for (int j = 0; j < XV; j++) {
+              float v[8];
+              unpack8<T>(xs[b * k8 + swz<XV>(k / 8 + j)], v);
+#pragma unroll
+              for (int r = 0; r < NR; r++) {
+                const uint32_t words[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                  const int val = j * 8 + e;  // value within the load
+                  const uint32_t word = words[val / PER_WORD];
+                  float u;
+                  switch (val % PER_WORD) {
+                    case 0: u = unit<Q, 0>(word); break;
+                    case 1: u = unit<Q, 1>(word); break;
+                    case 2: u = unit<Q, 2>(word); break;
+                    case 3: u = unit<Q, 3>(word); break;
+                    case 4: u = unit<Q, 4 % PER_WORD>(word); break;
+                    case 5: u = unit<Q, 5 % PER_WORD>(word); break;
+                    case 6: u = unit<Q, 6 % PER_WORD>(word); break;
+                    default: u = unit<Q, 7 % PER_WORD>(word); break;
+                  }
+                  dot[r] = fmaf(v[e], u, dot[r]);
+                }
+              }
+            }
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+              const float xq = static_cast<float>(1 << Q) * (dot[r] - xt);
+              acc[r][b] = fmaf(Num<T>::to(sv[r]), xq, fmaf(Num<T>::to(bv[r]), xt, acc[r][b]));
+            }
+          }
+        }
+      }
+    };
+    // 3. Eight (then four, then one) 16-byte loads of every row in flight:
+    //    enough bytes in flight per SM to keep HBM busy.
+    int k = lane * V;
+    auto pass = [&]<int U>() {
+      for (; k + (U - 1) * 32 * V < a.k; k += U * 32 * V) {
+        uint4 wv[U][NR];
+        T sv[U][NR], bv[U][NR];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+          for (int r = 0; r < NR; r++) {
+            const int ku = k + u * 32 * V;
+            wv[u][r] = load_stream(wr[r] + static_cast<int64_t>(ku) * (Q == 0 ? 8 * sizeof(T) : Q) / 8);
+            if constexpr (Q != 0) {
+              sv[u][r] = sr[r][ku >> a.gs_log2];
+              bv[u][r] = br[r][ku >> a.gs_log2];
+            }
+          }
+#pragma unroll
+        for (int u = 0; u < U; u++) consume(wv[u], sv[u], bv[u], k + u * 32 * V);
+      }
+    };
+    pass.template operator()<8>();
+    pass.template operator()<4>();
+    pass.template operator()<1>();
+    // 4. Sum the lanes and store as MODE says.
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+      for (int b = 0; b < B; b++) acc[r][b] = warp_sum(acc[r][b]);
+    if (lane != 0) continue;
+    T* out = static_cast<T*>(a.out_ref != nullptr ? *a.out_ref : a.out);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const int c = col0 + r;
+      if (c >= a.n) break;
+#pragma unroll
+      for (int b = 0; b < B; b++) {
+        if (b >= a.rows) break;
+        T* o = out + b * a.out_stride + c;
+        if constexpr (MODE == kStore) {
+          *o = Num<T>::from(acc[r][b]);
+        } else if constexpr (MODE == kResidual) {
+          *o = Num<T>::from(Num<T>::to(*o) + rt<T>(acc[r][b]));
+        } else {
+          // MLX's silu(gate) * up: gate * sigmoid(gate), then * up, each in T.
+          const float gate = rt<T>(acc[r][b]), up = rt<T>(acc[R + r][b]);
+          *o = Num<T>::from(rt<T>(gate * sigmoid_t<T>(gate)) * up);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace grove_fd
