@@ -37,7 +37,6 @@
 #include <vector>
 
 #include "decode_kernels.cuh"
-#include "decode_mma.cuh"
 #include "mlx/allocator.h"
 #include "mlx/array.h"
 #include "mlx/backend/cuda/device.h"
@@ -226,21 +225,8 @@ void allow_smem(K kernel, size_t bytes) {
   have = bytes;
 }
 
-// Whether a product goes to tensor cores (decode_mma.cuh): 4-bit, groups of
-// 64 or 128, unless GROVE_FD_MMA=0 (a diagnostic: CUDA cores for every one).
-bool on_tensor_cores(int bits, int gs, int k) {
-  static const bool off = [] {
-    const char* v = std::getenv("GROVE_FD_MMA");
-    return v != nullptr && std::strcmp(v, "0") == 0;
-  }();
-  return !off && bits == 4 && (gs == 64 || gs == 128) && k % grove_fd::kMmaStep == 0;
-}
-
 // The dynamic shared memory of a product of `rows` rows.
-size_t product_smem(int bits, int gs, int rows, int k, int t_bytes) {
-  return on_tensor_cores(bits, gs, k) ? grove_fd::mma_smem(rows, k, t_bytes)
-                                      : grove_fd::gemv_smem(bits, rows, k, t_bytes);
-}
+size_t product_smem(int bits, int rows, int k, int t_bytes) { return grove_fd::gemv_smem(bits, rows, k, t_bytes); }
 
 // As many blocks as the GPU holds at once (each then takes tiles or column
 // groups until none is left: x is staged, and normalized, once per block).
@@ -290,22 +276,10 @@ void launch_rows(const GemvArgs& a, cudaStream_t s) {
 }
 
 template <class T, int MODE, bool NORM>
-void launch_mma(const GemvArgs& a, cudaStream_t s) {
-  using namespace grove_fd;
-  const size_t smem = mma_smem(a.rows, a.k, sizeof(T));
-  auto kernel = gemv_mma<T, MODE, NORM>;
-  allow_smem(kernel, smem);
-  const int tiles = (a.n + kMmaCols - 1) / kMmaCols;
-  kernel<<<grid_for(kernel, smem, tiles), kWarps * 32, smem, s>>>(a);
-}
-
-template <class T, int MODE, bool NORM>
 void launch_bits(int bits, const GemvArgs& a, cudaStream_t s) {
   switch (bits) {
     case 0: return launch_rows<T, MODE, NORM, 0>(a, s);
-    case 4:
-      if (on_tensor_cores(bits, a.gs, a.k)) return launch_mma<T, MODE, NORM>(a, s);
-      return launch_rows<T, MODE, NORM, 4>(a, s);
+    case 4: return launch_rows<T, MODE, NORM, 4>(a, s);
     case 8: return launch_rows<T, MODE, NORM, 8>(a, s);
     default: throw std::runtime_error("[grove decode] no product for these bits");
   }
@@ -649,7 +623,7 @@ int grove_fd_new(const Dims* dims, const grove_fd::MatIn* mats, int n_mats, void
     if (d.has_freqs && p->freqs.dtype() != float32) return fail("RoPE frequencies must be float32");
     auto fits = [&](int rows) {
       for (const auto& [w, k] : products)
-        if (product_smem(w->bits, w->gs, rows, k, size_of(p->dtype)) > kXBytes) return false;
+        if (product_smem(w->bits, rows, k, size_of(p->dtype)) > kXBytes) return false;
       return true;
     };
     p->max_rows = grove_fd::kMaxRows;
