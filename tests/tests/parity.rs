@@ -79,7 +79,11 @@ fn check_case_in(dir: &std::path::Path, model: &str, case: &Case, extra: &[&str]
     // decoded) pick the second greedy token.
     let step = std::fs::read_to_string(step_dump.path())?;
     if let Some(&second) = case.tokens.get(1) {
-        ensure!(!step.is_empty(), "{model}/{}: no decode step logits", case.name);
+        ensure!(
+            !step.is_empty(),
+            "{model}/{}: no decode step logits",
+            case.name
+        );
         let step: Vec<f32> = serde_json::from_str(&step)?;
         let best = step.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         ensure!(
