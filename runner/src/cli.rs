@@ -394,6 +394,7 @@ fn prewarm_request(system: String, tools_file: Option<&std::path::Path>) -> Resu
         tools,
         add_generation_prompt: false,
         extra: serde_json::Map::new(),
+        reasoning_effort: None,
     })
 }
 

@@ -8,7 +8,7 @@ use grove_proto::runner::v1 as pb;
 use tonic::Status;
 
 use crate::cache::{KvQuant, KvSetting};
-use crate::chat_template::{ChatRequest, Message, Role, ToolCall};
+use crate::chat_template::{ChatRequest, Message, ReasoningEffort, Role, ToolCall};
 use crate::engine::{Job, KvChoice, SubmitError};
 use crate::error::RunnerError;
 use crate::generate::GenerateParams;
@@ -130,11 +130,26 @@ pub fn chat_request(chat: pb::Chat) -> Result<(ChatRequest, Option<String>), Sta
     if let Some(thinking) = chat.enable_thinking {
         extra.insert("enable_thinking".into(), thinking.into());
     }
+    let effort = pb::ReasoningEffort::try_from(chat.reasoning_effort).map_err(|_| {
+        Status::invalid_argument(format!(
+            "reasoning_effort {} is not a ReasoningEffort",
+            chat.reasoning_effort
+        ))
+    })?;
+    let reasoning_effort = match effort {
+        pb::ReasoningEffort::Unspecified => None,
+        pb::ReasoningEffort::None => Some(ReasoningEffort::None),
+        pb::ReasoningEffort::Minimal => Some(ReasoningEffort::Minimal),
+        pb::ReasoningEffort::Low => Some(ReasoningEffort::Low),
+        pb::ReasoningEffort::Medium => Some(ReasoningEffort::Medium),
+        pb::ReasoningEffort::High => Some(ReasoningEffort::High),
+    };
     let request = ChatRequest {
         messages,
         tools: tools(&chat.tools_json)?,
         add_generation_prompt: chat.add_generation_prompt.unwrap_or(true),
         extra,
+        reasoning_effort,
     };
     let name = (!chat.template_name.is_empty()).then_some(chat.template_name);
     Ok((request, name))

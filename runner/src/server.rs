@@ -522,6 +522,7 @@ impl Runner for Service {
             tools: tools(&r.tools_json)?,
             add_generation_prompt: false,
             extra: template_vars(r.template_vars_json)?,
+            reasoning_effort: None,
         };
         let done = prewarm(&self.engine, &self.sandbox, &chat).await?;
         Ok(Response::new(pb::PrewarmResponse {

@@ -135,8 +135,23 @@ pub(crate) fn chat_input(r: &pb::ChatRequest) -> Result<rpb::generate_request::I
         enable_thinking: r.enable_thinking,
         split_reasoning: r.split_reasoning,
         parse_tool_calls: r.parse_tool_calls,
+        reasoning_effort: effort(r.reasoning_effort()) as i32,
         ..Default::default()
     }))
+}
+
+/// The request's reasoning effort as the runner's protocol spells it.
+fn effort(e: pb::ReasoningEffort) -> rpb::ReasoningEffort {
+    use pb::ReasoningEffort as P;
+    use rpb::ReasoningEffort as R;
+    match e {
+        P::Unspecified => R::Unspecified,
+        P::None => R::None,
+        P::Minimal => R::Minimal,
+        P::Low => R::Low,
+        P::Medium => R::Medium,
+        P::High => R::High,
+    }
 }
 
 fn done(d: rpb::Done, load: Duration, started: Instant) -> pb::GenerateResponse {

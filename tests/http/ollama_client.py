@@ -97,6 +97,17 @@ try:
 except ollama.ResponseError as e:
     show("chat(options={'penalize_newline': True}) -> ResponseError", f"{e.status_code} {e.error}")
     assert e.status_code == 400 and "penalize_newline" in e.error
+# A think level is a reasoning effort: on Qwen3's template, thinking on, as think=True.
+counts = [client.chat(model=model, messages=messages, think=t, options={"num_predict": 1}).prompt_eval_count
+          for t in ("low", True, False)]
+show("prompt_eval_count: think='low', True, False", counts)
+assert counts[0] == counts[1] < counts[2], counts
+try:
+    client.chat(model=model, messages=messages, think="max")
+    raise AssertionError("think='max' was accepted")
+except ollama.ResponseError as e:
+    show("chat(think='max') -> ResponseError", f"{e.status_code} {e.error}")
+    assert e.status_code == 400 and "think" in e.error
 try:
     client.chat(model="nobody/no-such-model", messages=messages)
     raise AssertionError("an unknown model was accepted")

@@ -165,6 +165,16 @@ expect(openai.BadRequestError, "tool_choice naming no tool", tools=weather,
 expect(openai.BadRequestError, "logprobs=True", logprobs=True)
 expect(openai.BadRequestError, "an unknown field (extra_body)", extra_body={"mirostat": 2})
 expect(openai.BadRequestError, "temperature=-1", temperature=-1)
+# reasoning_effort goes to the template's own variable: Qwen3's enable_thinking
+# (none and minimal: off, which closes an empty think block in the prompt).
+def prompt_tokens(**kw):
+    r = client.chat.completions.create(model=model, messages=messages, max_tokens=1, temperature=0, **kw)
+    return r.usage.prompt_tokens
+default, high, none = prompt_tokens(), prompt_tokens(reasoning_effort="high"), prompt_tokens(reasoning_effort="none")
+show("prompt tokens: default, reasoning_effort='high', 'none'", [default, high, none])
+assert default == high < none, (default, high, none)
+e = expect(openai.BadRequestError, "reasoning_effort='extreme'", reasoning_effort="extreme")
+assert "reasoning_effort" in str(e.body), e.body
 e = expect(openai.NotFoundError, "an unknown model", model="nobody/no-such-model")
 assert e.body["code"] == "model_not_found", e.body
 bad = openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0)

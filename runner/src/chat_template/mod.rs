@@ -71,7 +71,7 @@ pub mod sandbox;
 mod spec;
 mod strftime;
 
-pub use request::{ChatRequest, Message, Role, ToolCall};
+pub use request::{ChatRequest, Message, ReasoningEffort, Role, ToolCall};
 pub use spec::{Source, TemplateSpec};
 
 use python::{py_formatter, py_str, tojson};
@@ -241,6 +241,10 @@ impl ChatTemplate {
         for (k, v) in &req.extra {
             ctx.insert(k.clone(), Value::from_serialize(v));
         }
+        if let Some(effort) = req.reasoning_effort {
+            let (key, value) = self.effort_variable(&template, name, effort, &req.extra)?;
+            ctx.insert(key.into(), value);
+        }
         let messages: Vec<Value> = req.messages.iter().map(message_value).collect();
         ctx.insert("messages".into(), Value::from(messages));
         let tools = if req.tools.is_empty() {
@@ -280,6 +284,51 @@ impl ChatTemplate {
                 }))
             }
         }
+    }
+}
+
+impl ChatTemplate {
+    /// The variable a reasoning effort sets: `reasoning_effort` (its level)
+    /// where the template reads it, else `enable_thinking` (on or off); an
+    /// error naming the field where it reads neither, or where the effort
+    /// asks for what the template cannot do or `extra` already says otherwise.
+    fn effort_variable(
+        &self,
+        template: &minijinja::Template<'_, '_>,
+        name: &str,
+        effort: ReasoningEffort,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<(&'static str, Value)> {
+        let reads = template.undeclared_variables(false);
+        let refuse = |why: String| {
+            Err(RunnerError::Request(format!(
+                "reasoning_effort {:?}: {why}",
+                effort.as_str()
+            )))
+        };
+        if reads.contains("reasoning_effort") {
+            return match effort.level() {
+                Some(level) => Ok(("reasoning_effort", Value::from(level))),
+                None => refuse(format!(
+                    "{} takes low, medium or high (the model always reasons)",
+                    self.describe(name)
+                )),
+            };
+        }
+        if reads.contains("enable_thinking") {
+            let on = effort.thinks();
+            if extra
+                .get("enable_thinking")
+                .is_some_and(|v| v.as_bool() != Some(on))
+            {
+                return refuse("it contradicts the request's enable_thinking".into());
+            }
+            return Ok(("enable_thinking", Value::from(on)));
+        }
+        refuse(format!(
+            "{} has no reasoning setting (it reads neither reasoning_effort nor enable_thinking)",
+            self.describe(name)
+        ))
     }
 }
 

@@ -107,6 +107,42 @@ impl Message {
     }
 }
 
+/// How much a reasoning model thinks (OpenAI's `reasoning_effort`, ollama's
+/// `think` levels), given to the template through its own variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReasoningEffort {
+    None,
+    Minimal,
+    Low,
+    Medium,
+    High,
+}
+
+impl ReasoningEffort {
+    /// As the request spelled it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Minimal => "minimal",
+            Self::Low => "low",
+            Self::Medium => "medium",
+            Self::High => "high",
+        }
+    }
+
+    /// The level a `reasoning_effort` template variable takes (gpt-oss's
+    /// template knows low, medium and high; it always reasons).
+    pub fn level(self) -> Option<&'static str> {
+        matches!(self, Self::Low | Self::Medium | Self::High).then(|| self.as_str())
+    }
+
+    /// For an on/off switch (`enable_thinking`): none and minimal are off.
+    pub fn thinks(self) -> bool {
+        !matches!(self, Self::None | Self::Minimal)
+    }
+}
+
 /// What to render.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatRequest {
@@ -118,4 +154,8 @@ pub struct ChatRequest {
     /// Further template variables (`enable_thinking`, `date_string`, ...); they
     /// override the special tokens.
     pub extra: serde_json::Map<String, Json>,
+    /// Set through the template's `reasoning_effort` or `enable_thinking`
+    /// variable, whichever it reads; refused if it reads neither.
+    #[serde(default)]
+    pub reasoning_effort: Option<ReasoningEffort>,
 }

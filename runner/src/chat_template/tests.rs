@@ -90,6 +90,7 @@ fn request_of(case: &Json, conversation: &Json) -> ChatRequest {
             .unwrap_or_default(),
         add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap_or(false),
         extra: case["extra"].as_object().cloned().unwrap_or_default(),
+        reasoning_effort: None,
     }
 }
 
@@ -571,6 +572,7 @@ fn real_templates_need_a_hundredth_of_the_fuel() {
         tools: vec![tool.clone(), tool],
         add_generation_prompt: true,
         extra: Default::default(),
+        reasoning_effort: None,
     };
     let mut rendered = 0;
     for name in ["llama3", "mistral", "qwen25", "qwen3"] {
@@ -586,4 +588,66 @@ fn real_templates_need_a_hundredth_of_the_fuel() {
         rendered += 1;
     }
     assert_eq!(rendered, 4);
+}
+
+// Reasoning effort
+
+fn effort_template(source: &str) -> ChatTemplate {
+    let dir = model_dir(json!({"chat_template": source}), &[]);
+    ChatTemplate::load(dir.path(), None).unwrap().unwrap()
+}
+
+fn with_effort(effort: ReasoningEffort) -> ChatRequest {
+    ChatRequest {
+        reasoning_effort: Some(effort),
+        ..user("hi")
+    }
+}
+
+#[test]
+fn reasoning_effort_sets_the_templates_own_variable() {
+    // gpt-oss reads `reasoning_effort` (a level); it cannot turn reasoning off.
+    let gpt = effort_template("Reasoning: {{ reasoning_effort | default('medium') }}");
+    assert_eq!(gpt.render(&user("hi")).unwrap(), "Reasoning: medium");
+    assert_eq!(
+        gpt.render(&with_effort(ReasoningEffort::High)).unwrap(),
+        "Reasoning: high"
+    );
+    // As gpt-oss's own template reads it: inside a macro, with a default.
+    let harmony = effort_template(
+        "{%- macro sys() -%}{%- if reasoning_effort is not defined %}{%- set reasoning_effort = 'medium' %}\
+         {%- endif %}{{- 'Reasoning: ' + reasoning_effort }}{%- endmacro -%}{{- sys() }}",
+    );
+    assert_eq!(
+        harmony.render(&with_effort(ReasoningEffort::Low)).unwrap(),
+        "Reasoning: low"
+    );
+    let off = request_error(gpt.render(&with_effort(ReasoningEffort::Minimal)));
+    assert!(off.contains("reasoning_effort \"minimal\""), "{off}");
+    // Qwen3 reads `enable_thinking`: none and minimal are off, the rest on.
+    let qwen = effort_template(
+        "{% if enable_thinking is defined and not enable_thinking %}off{% else %}on{% endif %}",
+    );
+    assert_eq!(
+        qwen.render(&with_effort(ReasoningEffort::None)).unwrap(),
+        "off"
+    );
+    assert_eq!(
+        qwen.render(&with_effort(ReasoningEffort::Low)).unwrap(),
+        "on"
+    );
+    let mut contradicted = with_effort(ReasoningEffort::High);
+    contradicted
+        .extra
+        .insert("enable_thinking".into(), json!(false));
+    let msg = request_error(qwen.render(&contradicted));
+    assert!(msg.contains("contradicts"), "{msg}");
+    // A template with neither refuses it, naming the field.
+    let plain = effort_template("{{ messages[0].content }}");
+    assert_eq!(plain.render(&user("hi")).unwrap(), "hi");
+    let msg = request_error(plain.render(&with_effort(ReasoningEffort::Medium)));
+    assert!(
+        msg.contains("reasoning_effort") && msg.contains("no reasoning setting"),
+        "{msg}"
+    );
 }

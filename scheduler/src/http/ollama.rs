@@ -239,7 +239,8 @@ async fn chat(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) 
         tools_json: tools,
         options: Some(opts),
         keep_alive_ns: keep,
-        enable_thinking: thinking,
+        enable_thinking: thinking.enable,
+        reasoning_effort: thinking.effort as i32,
         split_reasoning: true,
     };
     let stream = match api.chat(Request::new(request)).await {
@@ -283,7 +284,7 @@ async fn generate(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejectio
     }
     let streaming = req.stream.unwrap_or(true);
     let result = if req.raw == Some(true) {
-        if req.system.is_some() || thinking.is_some() {
+        if req.system.is_some() || thinking.is_set() {
             return bad("raw prompts take no system prompt or think (nothing is templated)");
         }
         let request = pb::GenerateRequest {
@@ -310,7 +311,8 @@ async fn generate(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejectio
             messages,
             options: Some(opts),
             keep_alive_ns: keep,
-            enable_thinking: thinking,
+            enable_thinking: thinking.enable,
+            reasoning_effort: thinking.effort as i32,
             split_reasoning: true,
             ..Default::default()
         };

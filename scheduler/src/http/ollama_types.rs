@@ -264,14 +264,37 @@ pub fn options(o: Option<&Map<String, Value>>) -> Result<pb::Options, String> {
     Ok(out)
 }
 
-/// `think` as a switch: true/false, or (gpt-oss) a level, which Grove
-/// does not take.
-pub fn think(v: Option<&Value>) -> Result<Option<bool>, String> {
+/// ollama's `think`: a switch (true/false: the template's `enable_thinking`)
+/// or a level ("low", "medium", "high": a reasoning effort, which the model's
+/// template takes as `reasoning_effort` or, on and off, as `enable_thinking`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Think {
+    pub enable: Option<bool>,
+    pub effort: pb::ReasoningEffort,
+}
+
+impl Think {
+    pub fn is_set(&self) -> bool {
+        self.enable.is_some() || self.effort != pb::ReasoningEffort::Unspecified
+    }
+}
+
+pub fn think(v: Option<&Value>) -> Result<Think, String> {
+    let effort = |e| Think {
+        enable: None,
+        effort: e,
+    };
     match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
+        None | Some(Value::Null) => Ok(Think::default()),
+        Some(Value::Bool(b)) => Ok(Think {
+            enable: Some(*b),
+            effort: pb::ReasoningEffort::Unspecified,
+        }),
+        Some(Value::String(s)) if s == "low" => Ok(effort(pb::ReasoningEffort::Low)),
+        Some(Value::String(s)) if s == "medium" => Ok(effort(pb::ReasoningEffort::Medium)),
+        Some(Value::String(s)) if s == "high" => Ok(effort(pb::ReasoningEffort::High)),
         Some(other) => Err(format!(
-            "think must be true or false; levels ({other}) are not supported"
+            "think is true, false, \"low\", \"medium\" or \"high\", not {other}"
         )),
     }
 }
@@ -351,5 +374,23 @@ mod tests {
         assert_eq!(o.temperature, Some(0.5));
         let e = opts(r#"{"penalize_newline": true}"#).expect_err("changes the output");
         assert!(e.contains("penalize_newline"), "{e}");
+    }
+
+    #[test]
+    fn think_is_a_switch_or_a_level() {
+        assert_eq!(think(None).unwrap(), Think::default());
+        let on = think(Some(&Value::Bool(true))).unwrap();
+        assert_eq!(
+            (on.enable, on.effort),
+            (Some(true), pb::ReasoningEffort::Unspecified)
+        );
+        let high = think(Some(&Value::from("high"))).unwrap();
+        assert_eq!(
+            (high.enable, high.effort),
+            (None, pb::ReasoningEffort::High)
+        );
+        assert!(high.is_set() && !Think::default().is_set());
+        let e = think(Some(&Value::from("max"))).expect_err("not a level");
+        assert!(e.contains("think"), "{e}");
     }
 }

@@ -146,6 +146,9 @@ pub struct ChatCompletionRequest {
     pub audio: Option<Value>,
     pub prediction: Option<Value>,
     pub verbosity: Option<String>,
+    /// For reasoning models, through the template's own variable (see
+    /// `pb::ChatRequest::reasoning_effort`).
+    pub reasoning_effort: Option<String>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub max_tokens: Option<u32>,
@@ -157,6 +160,27 @@ pub struct ChatCompletionRequest {
     pub top_k: Option<u32>,
     pub min_p: Option<f32>,
     pub repetition_penalty: Option<f32>,
+}
+
+/// OpenAI's `reasoning_effort` values.
+pub fn reasoning_effort(v: Option<&str>) -> Result<pb::ReasoningEffort, Invalid> {
+    use pb::ReasoningEffort as E;
+    Ok(match v {
+        None => E::Unspecified,
+        Some("none") => E::None,
+        Some("minimal") => E::Minimal,
+        Some("low") => E::Low,
+        Some("medium") => E::Medium,
+        Some("high") => E::High,
+        Some(other) => {
+            return Err(invalid(
+                "reasoning_effort",
+                format!(
+                    "reasoning_effort is \"none\", \"minimal\", \"low\", \"medium\" or \"high\", not {other:?}"
+                ),
+            ));
+        }
+    })
 }
 
 #[derive(Debug, Deserialize)]
@@ -405,6 +429,7 @@ impl ChatCompletionRequest {
                 "the model may make several calls in one reply; parallel_tool_calls=false is not supported",
             ));
         }
+        let effort = reasoning_effort(self.reasoning_effort.as_deref())?;
         let mut constraint = response_format(self.response_format.as_ref())?;
         let include_usage = stream_options(self.stream, self.stream_options)?;
         let tools = self.tools.unwrap_or_default();
@@ -492,6 +517,7 @@ impl ChatCompletionRequest {
                 tools_json,
                 options: Some(options),
                 split_reasoning: true,
+                reasoning_effort: effort as i32,
                 ..Default::default()
             },
             stream: self.stream,
@@ -598,5 +624,25 @@ mod tests {
         assert!(refused(r#", "top_logprobs": 2"#).contains("logprobs"));
         assert!(refused(r#", "verbosity": "low""#).contains("verbosity"));
         assert!(refused(r#", "n": 2"#).contains('n'));
+        assert!(refused(r#", "reasoning_effort": "extreme""#).contains("reasoning_effort"));
+    }
+
+    #[test]
+    fn reasoning_effort_goes_to_the_runner() {
+        for (text, want) in [
+            ("none", pb::ReasoningEffort::None),
+            ("minimal", pb::ReasoningEffort::Minimal),
+            ("low", pb::ReasoningEffort::Low),
+            ("medium", pb::ReasoningEffort::Medium),
+            ("high", pb::ReasoningEffort::High),
+        ] {
+            let c = chat(&format!(r#", "reasoning_effort": "{text}""#)).expect("taken");
+            assert_eq!(c.request.reasoning_effort(), want);
+        }
+        let c = chat("").expect("taken");
+        assert_eq!(
+            c.request.reasoning_effort(),
+            pb::ReasoningEffort::Unspecified
+        );
     }
 }
