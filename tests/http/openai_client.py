@@ -157,7 +157,29 @@ def expect(error, title, **kw):
     raise AssertionError(f"{title}: no {error.__name__}")
 
 
-expect(openai.BadRequestError, "n=2", n=2)
+expect(openai.BadRequestError, "n=9", n=9)
+# n choices: greedy ones agree; seeded ones are choice i = the request alone with seed + i.
+g = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0, n=4)
+texts = [c.message.content for c in g.choices]
+show("n=4 greedy: choices", texts)
+assert [c.index for c in g.choices] == [0, 1, 2, 3] and len(set(texts)) == 1, texts
+assert g.usage.completion_tokens == 4 * client.chat.completions.create(
+    model=model, messages=messages, max_tokens=6, temperature=0).usage.completion_tokens
+s = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=1, seed=7, n=3)
+texts = [c.message.content for c in s.choices]
+alone = [client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=1, seed=7 + i)
+         .choices[0].message.content for i in range(3)]
+show("n=3 seed=7: choices, then each seed alone", [texts, alone])
+assert texts == alone and len(set(texts)) > 1, (texts, alone)
+parts = ["", "", ""]
+for ch in client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=1, seed=7, n=3,
+                                         stream=True):
+    for c in ch.choices:
+        parts[c.index] += c.delta.content or ""
+show("n=3 seed=7 streamed", parts)
+assert parts == texts, (parts, texts)
+c = client.completions.create(model=model, prompt="Once upon a time", max_tokens=5, temperature=0, n=2)
+assert [x.index for x in c.choices] == [0, 1] and c.choices[0].text == c.choices[1].text, c
 expect(openai.BadRequestError, "a schema llguidance cannot compile",
        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strange"}}})
 expect(openai.BadRequestError, "tool_choice naming no tool", tools=weather,

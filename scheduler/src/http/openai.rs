@@ -80,15 +80,6 @@ fn parse<T: serde::de::DeserializeOwned>(
     })
 }
 
-fn usage(m: &pb::Metrics) -> Value {
-    json!({
-        "prompt_tokens": m.prompt_tokens,
-        "completion_tokens": m.eval_tokens,
-        "total_tokens": m.prompt_tokens + m.eval_tokens,
-        "prompt_tokens_details": {"cached_tokens": m.cached_prompt_tokens},
-    })
-}
-
 fn tool_call_json(c: &pb::ToolCall, index: Option<usize>) -> Value {
     let mut v = json!({
         "id": c.id, "type": "function",
@@ -126,6 +117,77 @@ fn stream_error(s: &Status) -> Value {
         "code": format!("{:?}", s.code())}})
 }
 
+/// The `n` streams of a request: choice i is the request seeded `seed + i`
+/// (unseeded choices sample from their own clocks; greedy ones agree).
+async fn start_choices<R, F, Fut>(n: u32, request: R, start: F) -> Result<Vec<GenStream>, Status>
+where
+    R: Clone,
+    F: Fn(R) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<GenStream>, Status>>,
+    R: Seeded,
+{
+    let mut out = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let mut r = request.clone();
+        if let Some(seed) = r.seed_mut() {
+            *seed = seed.wrapping_add(u64::from(i));
+        }
+        out.push(start(r).await?.into_inner());
+    }
+    Ok(out)
+}
+
+/// A request whose options may carry a seed.
+trait Seeded {
+    fn seed_mut(&mut self) -> Option<&mut u64>;
+}
+impl Seeded for pb::ChatRequest {
+    fn seed_mut(&mut self) -> Option<&mut u64> {
+        self.options.as_mut()?.seed.as_mut()
+    }
+}
+impl Seeded for pb::GenerateRequest {
+    fn seed_mut(&mut self) -> Option<&mut u64> {
+        self.options.as_mut()?.seed.as_mut()
+    }
+}
+
+/// The choices' streams as one, each item tagged with its choice's index.
+fn merged(
+    streams: Vec<GenStream>,
+) -> impl futures_util::Stream<Item = (usize, Result<pb::GenerateResponse, Status>)> {
+    fstream::select_all(
+        streams
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| s.map(move |item| (i, item)).boxed()),
+    )
+}
+
+/// Usage over all choices: the prompt once, every choice's completion.
+#[derive(Default, Clone, Copy)]
+struct Totals {
+    prompt: u32,
+    completion: u32,
+    cached: u32,
+}
+
+impl Totals {
+    fn add(&mut self, m: &pb::Metrics) {
+        self.prompt = m.prompt_tokens;
+        self.cached = self.cached.max(m.cached_prompt_tokens);
+        self.completion += m.eval_tokens;
+    }
+    fn json(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt,
+            "completion_tokens": self.completion,
+            "total_tokens": self.prompt + self.completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached},
+        })
+    }
+}
+
 async fn chat(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) -> Response {
     let req: ChatCompletionRequest = match parse(body) {
         Ok(r) => r,
@@ -136,49 +198,55 @@ async fn chat(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) 
         Err(e) => return invalid(e),
     };
     let model = chat.request.model.clone();
-    let stream: GenStream = match api.chat(Request::new(chat.request)).await {
-        Ok(s) => s.into_inner(),
+    let streams = match start_choices(chat.n, chat.request, |r| api.chat(Request::new(r))).await {
+        Ok(s) => s,
         Err(s) => return status_error(&s),
     };
     let (id, created) = (response_id("chatcmpl"), unix_now());
     if !chat.stream {
-        return match whole(stream).await {
+        return match futures_util::future::try_join_all(streams.into_iter().map(whole)).await {
             Ok(w) => super::json(StatusCode::OK, &chat_whole(&id, created, &model, &w)),
             Err(s) => status_error(&s),
         };
     }
-    let include_usage = chat.include_usage;
-    let chunk = move |delta: Value, finish: Option<&str>| {
+    let (include_usage, n) = (chat.include_usage, chat.n as usize);
+    let chunk = move |index: usize, delta: Value, finish: Option<&str>| {
         let mut v = json!({
             "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
             "system_fingerprint": FINGERPRINT,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+            "choices": [{"index": index, "delta": delta, "logprobs": null, "finish_reason": finish}],
         });
         if include_usage {
             v["usage"] = Value::Null;
         }
         v
     };
-    let first = chunk(json!({"role": "assistant", "content": ""}), None);
-    let mut calls = 0usize;
-    let events = stream.flat_map(move |item| {
+    let first: Vec<Value> = (0..n)
+        .map(|i| chunk(i, json!({"role": "assistant", "content": ""}), None))
+        .collect();
+    let mut calls = vec![0usize; n];
+    let (mut totals, mut done) = (Totals::default(), 0);
+    let events = merged(streams).flat_map(move |(i, item)| {
         let out: Vec<Value> = match item {
             Ok(pb::GenerateResponse { event: Some(e) }) => match e {
-                Ev::Text(t) => vec![chunk(json!({"content": t}), None)],
-                Ev::Thinking(t) => vec![chunk(json!({"reasoning_content": t}), None)],
+                Ev::Text(t) => vec![chunk(i, json!({"content": t}), None)],
+                Ev::Thinking(t) => vec![chunk(i, json!({"reasoning_content": t}), None)],
                 Ev::ToolCall(c) => {
-                    calls += 1;
+                    calls[i] += 1;
                     vec![chunk(
-                        json!({"tool_calls": [tool_call_json(&c, Some(calls - 1))]}),
+                        i,
+                        json!({"tool_calls": [tool_call_json(&c, Some(calls[i] - 1))]}),
                         None,
                     )]
                 }
                 Ev::Done(d) => {
-                    let mut out = vec![chunk(json!({}), Some(finish_reason(&d)))];
-                    if include_usage {
-                        let mut last = chunk(json!({}), None);
+                    let mut out = vec![chunk(i, json!({}), Some(finish_reason(&d)))];
+                    totals.add(&d.metrics.unwrap_or_default());
+                    done += 1;
+                    if include_usage && done == n {
+                        let mut last = chunk(i, json!({}), None);
                         last["choices"] = json!([]);
-                        last["usage"] = usage(&d.metrics.unwrap_or_default());
+                        last["usage"] = totals.json();
                         out.push(last);
                     }
                     out
@@ -189,29 +257,38 @@ async fn chat(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) 
         };
         fstream::iter(out)
     });
-    sse(fstream::iter([first]).chain(events))
+    sse(fstream::iter(first).chain(events))
 }
 
-fn chat_whole(id: &str, created: i64, model: &str, w: &Whole) -> Value {
-    let mut message = json!({
-        "role": "assistant",
-        "content": if w.text.is_empty() && !w.tool_calls.is_empty() { Value::Null } else { json!(w.text) },
-    });
-    if !w.thinking.is_empty() {
-        message["reasoning_content"] = json!(w.thinking);
-    }
-    if !w.tool_calls.is_empty() {
-        message["tool_calls"] = w
-            .tool_calls
-            .iter()
-            .map(|c| tool_call_json(c, None))
-            .collect();
-    }
+fn chat_whole(id: &str, created: i64, model: &str, ws: &[Whole]) -> Value {
+    let mut totals = Totals::default();
+    let choices: Vec<Value> = ws
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            totals.add(&w.metrics());
+            let mut message = json!({
+                "role": "assistant",
+                "content": if w.text.is_empty() && !w.tool_calls.is_empty() { Value::Null } else { json!(w.text) },
+            });
+            if !w.thinking.is_empty() {
+                message["reasoning_content"] = json!(w.thinking);
+            }
+            if !w.tool_calls.is_empty() {
+                message["tool_calls"] = w
+                    .tool_calls
+                    .iter()
+                    .map(|c| tool_call_json(c, None))
+                    .collect();
+            }
+            json!({"index": i, "message": message, "logprobs": null, "finish_reason": finish_reason(&w.done)})
+        })
+        .collect();
     json!({
         "id": id, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": FINGERPRINT,
-        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish_reason(&w.done)}],
-        "usage": usage(&w.metrics()),
+        "choices": choices,
+        "usage": totals.json(),
     })
 }
 
@@ -225,49 +302,54 @@ async fn completions(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejec
         Err(e) => return invalid(e),
     };
     let model = c.request.model.clone();
-    let stream: GenStream = match api.generate(Request::new(c.request)).await {
-        Ok(s) => s.into_inner(),
+    let streams = match start_choices(c.n, c.request, |r| api.generate(Request::new(r))).await {
+        Ok(s) => s,
         Err(s) => return status_error(&s),
     };
     let (id, created) = (response_id("cmpl"), unix_now());
-    let chunk = move |text: &str, finish: Option<&str>, usage: Option<Value>| {
+    let body = move |choices: Value, usage: Option<Value>| {
         let mut v = json!({
             "id": id, "object": "text_completion", "created": created, "model": model,
-            "system_fingerprint": FINGERPRINT,
-            "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish}],
+            "system_fingerprint": FINGERPRINT, "choices": choices,
         });
         if let Some(u) = usage {
             v["usage"] = u;
         }
         v
     };
+    let choice = |i: usize, text: &str, finish: Option<&str>| json!({"text": text, "index": i, "logprobs": null, "finish_reason": finish});
     if !c.stream {
-        return match whole(stream).await {
-            Ok(w) => super::json(
-                StatusCode::OK,
-                &chunk(
-                    &w.text,
-                    Some(finish_reason(&w.done)),
-                    Some(usage(&w.metrics())),
-                ),
-            ),
+        return match futures_util::future::try_join_all(streams.into_iter().map(whole)).await {
+            Ok(ws) => {
+                let mut totals = Totals::default();
+                let choices: Vec<Value> = ws
+                    .iter()
+                    .enumerate()
+                    .map(|(i, w)| {
+                        totals.add(&w.metrics());
+                        choice(i, &w.text, Some(finish_reason(&w.done)))
+                    })
+                    .collect();
+                super::json(StatusCode::OK, &body(json!(choices), Some(totals.json())))
+            }
             Err(s) => status_error(&s),
         };
     }
-    let include_usage = c.include_usage;
-    let events = stream.flat_map(move |item| {
+    let (include_usage, n) = (c.include_usage, c.n as usize);
+    let (mut totals, mut done) = (Totals::default(), 0);
+    let events = merged(streams).flat_map(move |(i, item)| {
         let out: Vec<Value> = match item {
             Ok(pb::GenerateResponse {
                 event: Some(Ev::Text(t)),
-            }) => vec![chunk(&t, None, None)],
+            }) => vec![body(json!([choice(i, &t, None)]), None)],
             Ok(pb::GenerateResponse {
                 event: Some(Ev::Done(d)),
             }) => {
-                let mut out = vec![chunk("", Some(finish_reason(&d)), None)];
-                if include_usage {
-                    let mut last = chunk("", None, Some(usage(&d.metrics.unwrap_or_default())));
-                    last["choices"] = json!([]);
-                    out.push(last);
+                let mut out = vec![body(json!([choice(i, "", Some(finish_reason(&d)))]), None)];
+                totals.add(&d.metrics.unwrap_or_default());
+                done += 1;
+                if include_usage && done == n {
+                    out.push(body(json!([]), Some(totals.json())));
                 }
                 out
             }

@@ -245,12 +245,17 @@ fn options(s: Sampling) -> Result<pb::Options, Invalid> {
     })
 }
 
-fn only_one(n: Option<u32>) -> Result<(), Invalid> {
-    match n {
-        None | Some(1) => Ok(()),
-        Some(_) => Err(invalid(
+/// The most choices one request may ask for.
+pub const MAX_CHOICES: u32 = 8;
+
+/// `n`: how many choices (1 to [`MAX_CHOICES`]); each is generated as its own
+/// request, choice i seeded `seed + i` when a seed is given.
+fn choices(n: Option<u32>) -> Result<u32, Invalid> {
+    match n.unwrap_or(1) {
+        n @ 1..=MAX_CHOICES => Ok(n),
+        n => Err(invalid(
             "n",
-            "Grove returns one choice per request; n must be 1",
+            format!("n is 1 to {MAX_CHOICES} choices, not {n}"),
         )),
     }
 }
@@ -384,11 +389,12 @@ pub struct Chat {
     pub request: pb::ChatRequest,
     pub stream: bool,
     pub include_usage: bool,
+    pub n: u32,
 }
 
 impl ChatCompletionRequest {
     pub fn into_grove(self) -> Result<Chat, Invalid> {
-        only_one(self.n)?;
+        let n = choices(self.n)?;
         if self
             .modalities
             .as_ref()
@@ -522,6 +528,7 @@ impl ChatCompletionRequest {
             },
             stream: self.stream,
             include_usage,
+            n,
         })
     }
 }
@@ -531,11 +538,12 @@ pub struct Completion {
     pub request: pb::GenerateRequest,
     pub stream: bool,
     pub include_usage: bool,
+    pub n: u32,
 }
 
 impl CompletionRequest {
     pub fn into_grove(self) -> Result<Completion, Invalid> {
-        only_one(self.n)?;
+        let n = choices(self.n)?;
         if self.best_of.is_some_and(|b| b != 1) {
             return Err(invalid("best_of", "best_of must be 1"));
         }
@@ -582,6 +590,7 @@ impl CompletionRequest {
             },
             stream: self.stream,
             include_usage,
+            n,
         })
     }
 }
@@ -623,7 +632,9 @@ mod tests {
         assert!(refused(p).contains("prediction"));
         assert!(refused(r#", "top_logprobs": 2"#).contains("logprobs"));
         assert!(refused(r#", "verbosity": "low""#).contains("verbosity"));
-        assert!(refused(r#", "n": 2"#).contains('n'));
+        assert!(refused(r#", "n": 9"#).contains("n is 1 to 8"));
+        assert!(refused(r#", "n": 0"#).contains("n is 1 to 8"));
+        assert_eq!(chat(r#", "n": 4"#).expect("taken").n, 4);
         assert!(refused(r#", "reasoning_effort": "extreme""#).contains("reasoning_effort"));
     }
 
