@@ -85,7 +85,7 @@ except ollama.ResponseError as e:
     assert e.status_code == 400
 # Load hints (Open WebUI and ChatOllama send them) are taken and change nothing;
 # an option that would change the output and is not implemented is refused by name.
-hints = {"num_gpu": 1, "num_thread": 2, "num_batch": 64, "use_mmap": True, "numa": False, "low_vram": False, "main_gpu": 0,
+hints = {"num_gpu": 1, "num_thread": 2, "num_batch": 64, "num_keep": 4, "use_mmap": True, "numa": False, "low_vram": False, "main_gpu": 0,
          "penalize_newline": False}
 j = client.chat(model=model, messages=messages, options={"num_predict": 8, "temperature": 0, **hints})
 k = client.chat(model=model, messages=messages, options={"num_predict": 8, "temperature": 0})

@@ -247,6 +247,10 @@ pub fn options(o: Option<&Map<String, Value>>) -> Result<pb::Options, String> {
             // the output (README, "Fields taken and not used").
             "num_gpu" | "num_thread" | "num_batch" | "use_mmap" | "numa" | "low_vram"
             | "main_gpu" => {}
+            // The tokens ollama keeps when it cuts a prompt that overflows
+            // the context: Grove never cuts one (a prompt that does not fit
+            // is refused), so no value changes the output.
+            "num_keep" if v.as_u64().is_some() || v.as_i64() == Some(-1) => {}
             // At its neutral value only (true would penalize newlines).
             "penalize_newline" if v.as_bool() == Some(false) => {}
             "mirostat" if v.as_f64() == Some(0.0) => {}
@@ -255,7 +259,7 @@ pub fn options(o: Option<&Map<String, Value>>) -> Result<pb::Options, String> {
                 return Err(format!(
                     "option {other:?} is not supported by Grove (it takes temperature, top_k, top_p, min_p, \
                      repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, num_predict, \
-                     num_ctx and stop; num_gpu, num_thread, num_batch, use_mmap, numa, low_vram and main_gpu are \
+                     num_ctx and stop; num_gpu, num_thread, num_batch, num_keep, use_mmap, numa, low_vram and main_gpu are \
                      taken and not used)"
                 ));
             }
@@ -368,7 +372,7 @@ mod tests {
 
     #[test]
     fn load_hints_are_taken_and_output_options_still_checked() {
-        let hints = r#"{"num_gpu": 1, "num_thread": 4, "num_batch": 512, "use_mmap": true, "numa": false,
+        let hints = r#"{"num_gpu": 1, "num_thread": 4, "num_batch": 512, "num_keep": 4, "use_mmap": true, "numa": false,
             "low_vram": false, "main_gpu": 0, "penalize_newline": false, "temperature": 0.5}"#;
         let o = opts(hints).expect("taken");
         assert_eq!(o.temperature, Some(0.5));
