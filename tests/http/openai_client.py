@@ -142,6 +142,26 @@ deltas = [d for c in stream if c.choices for d in (c.choices[0].delta.tool_calls
 show("tool_choice=get_weather, stream=True: tool call deltas", [d.model_dump(exclude_none=True) for d in deltas])
 assert len(deltas) == 1 and deltas[0].function.name == "get_weather" and json.loads(deltas[0].function.arguments)
 
+# The legacy functions API: functions as tools, function_call as tool_choice, the
+# reply's call as message.function_call (finish_reason "function_call").
+functions = [w["function"] for w in weather]
+lf = client.chat.completions.create(model=model, messages=messages, functions=functions,
+                                    function_call={"name": "get_weather"}, max_tokens=300)
+show("functions, function_call=get_weather", lf.choices[0].model_dump(exclude_none=True))
+fc = lf.choices[0].message.function_call
+assert lf.choices[0].finish_reason == "function_call" and fc.name == "get_weather", lf
+assert json.loads(fc.arguments)["city"] in ("Paris", "Rome")
+parts = [c.choices[0].delta.function_call for c in client.chat.completions.create(
+    model=model, messages=messages, functions=functions, function_call={"name": "get_weather"}, max_tokens=300,
+    stream=True) if c.choices and c.choices[0].delta.function_call]
+assert len(parts) == 1 and parts[0].name == "get_weather" and parts[0].arguments == fc.arguments, parts
+# Its history: the assistant's function_call and the function's result (role "function").
+legacy_history = messages + [{"role": "assistant", "content": None, "function_call": {"name": fc.name, "arguments": fc.arguments}},
+                             {"role": "function", "name": "get_weather", "content": "22 C and sunny"}]
+lh = client.chat.completions.create(model=model, messages=legacy_history, functions=functions, max_tokens=4)
+show("a function result in the history: usage", lh.usage.model_dump(exclude_none=True))
+assert lh.usage.prompt_tokens > lf.usage.prompt_tokens
+
 # Legacy completions.
 c = client.completions.create(model=model, prompt="Once upon a time", max_tokens=5, temperature=0)
 show("completions.create", c.model_dump(exclude_none=True))
@@ -195,6 +215,8 @@ def prompt_tokens(**kw):
 default, high, none = prompt_tokens(), prompt_tokens(reasoning_effort="high"), prompt_tokens(reasoning_effort="none")
 show("prompt tokens: default, reasoning_effort='high', 'none'", [default, high, none])
 assert default == high < none, (default, high, none)
+e = expect(openai.BadRequestError, "functions and tools together", tools=weather, functions=functions)
+assert "functions" in str(e.body), e.body
 e = expect(openai.BadRequestError, "reasoning_effort='extreme'", reasoning_effort="extreme")
 assert "reasoning_effort" in str(e.body), e.body
 e = expect(openai.NotFoundError, "an unknown model", model="nobody/no-such-model")

@@ -205,11 +205,14 @@ async fn chat(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) 
     let (id, created) = (response_id("chatcmpl"), unix_now());
     if !chat.stream {
         return match futures_util::future::try_join_all(streams.into_iter().map(whole)).await {
-            Ok(w) => super::json(StatusCode::OK, &chat_whole(&id, created, &model, &w)),
+            Ok(w) => super::json(
+                StatusCode::OK,
+                &chat_whole(&id, created, &model, &w, chat.legacy_functions),
+            ),
             Err(s) => status_error(&s),
         };
     }
-    let (include_usage, n) = (chat.include_usage, chat.n as usize);
+    let (include_usage, n, legacy) = (chat.include_usage, chat.n as usize, chat.legacy_functions);
     let chunk = move |index: usize, delta: Value, finish: Option<&str>| {
         let mut v = json!({
             "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -233,14 +236,16 @@ async fn chat(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) 
                 Ev::Thinking(t) => vec![chunk(i, json!({"reasoning_content": t}), None)],
                 Ev::ToolCall(c) => {
                     calls[i] += 1;
-                    vec![chunk(
-                        i,
-                        json!({"tool_calls": [tool_call_json(&c, Some(calls[i] - 1))]}),
-                        None,
-                    )]
+                    let delta = if legacy && calls[i] == 1 {
+                        json!({"function_call": function_call_json(&c)})
+                    } else {
+                        json!({"tool_calls": [tool_call_json(&c, Some(calls[i] - 1))]})
+                    };
+                    vec![chunk(i, delta, None)]
                 }
                 Ev::Done(d) => {
-                    let mut out = vec![chunk(i, json!({}), Some(finish_reason(&d)))];
+                    let finish = legacy_finish(finish_reason(&d), legacy);
+                    let mut out = vec![chunk(i, json!({}), Some(finish))];
                     totals.add(&d.metrics.unwrap_or_default());
                     done += 1;
                     if include_usage && done == n {
@@ -260,7 +265,21 @@ async fn chat(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) 
     sse(fstream::iter(first).chain(events))
 }
 
-fn chat_whole(id: &str, created: i64, model: &str, ws: &[Whole]) -> Value {
+/// A call as the legacy functions API writes it.
+fn function_call_json(c: &pb::ToolCall) -> Value {
+    json!({"name": c.name, "arguments": c.arguments_json})
+}
+
+/// The legacy functions API's name for ending in a call.
+fn legacy_finish(reason: &'static str, legacy: bool) -> &'static str {
+    if legacy && reason == "tool_calls" {
+        "function_call"
+    } else {
+        reason
+    }
+}
+
+fn chat_whole(id: &str, created: i64, model: &str, ws: &[Whole], legacy: bool) -> Value {
     let mut totals = Totals::default();
     let choices: Vec<Value> = ws
         .iter()
@@ -274,14 +293,20 @@ fn chat_whole(id: &str, created: i64, model: &str, ws: &[Whole]) -> Value {
             if !w.thinking.is_empty() {
                 message["reasoning_content"] = json!(w.thinking);
             }
-            if !w.tool_calls.is_empty() {
+            // The legacy API's reply carries its (first) call as
+            // function_call; more calls than one also come as tool_calls.
+            if legacy && let Some(first) = w.tool_calls.first() {
+                message["function_call"] = function_call_json(first);
+            }
+            if !w.tool_calls.is_empty() && (!legacy || w.tool_calls.len() > 1) {
                 message["tool_calls"] = w
                     .tool_calls
                     .iter()
                     .map(|c| tool_call_json(c, None))
                     .collect();
             }
-            json!({"index": i, "message": message, "logprobs": null, "finish_reason": finish_reason(&w.done)})
+            let finish = legacy_finish(finish_reason(&w.done), legacy);
+            json!({"index": i, "message": message, "logprobs": null, "finish_reason": finish})
         })
         .collect();
     json!({

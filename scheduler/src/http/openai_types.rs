@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use grove_proto::v1 as pb;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// A refusal: the message and the field (`param`) it is about.
 #[derive(Debug)]
@@ -81,6 +81,9 @@ pub struct ChatMessage {
     pub tool_calls: Option<Vec<InToolCall>>,
     #[serde(default)]
     pub tool_call_id: Option<String>,
+    /// An earlier reply's call in the legacy functions API.
+    #[serde(default)]
+    pub function_call: Option<InFunction>,
     /// What an earlier reply refused; only null (as replies carry it back).
     #[serde(default)]
     pub refusal: Option<Value>,
@@ -118,6 +121,10 @@ pub struct ChatCompletionRequest {
     pub max_completion_tokens: Option<u32>,
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
+    /// The legacy functions API: `functions` as tools, `function_call` as
+    /// tool_choice, and the reply's call as `message.function_call`.
+    pub functions: Option<Vec<Value>>,
+    pub function_call: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
     pub response_format: Option<Value>,
     pub n: Option<u32>,
@@ -302,11 +309,19 @@ fn text_of(content: Option<Content>, i: usize) -> Result<String, Invalid> {
 }
 
 fn message(m: ChatMessage, i: usize) -> Result<pb::Message, Invalid> {
+    // The legacy API's function result: a tool message named by the function.
+    let legacy_result = m.role == "function";
+    if legacy_result && m.name.is_none() {
+        return Err(invalid(
+            "messages",
+            format!("message {i}: a function message needs the function's name"),
+        ));
+    }
     let role = match m.role.as_str() {
         "system" | "developer" => pb::Role::System,
         "user" => pb::Role::User,
         "assistant" => pb::Role::Assistant,
-        "tool" => pb::Role::Tool,
+        "tool" | "function" => pb::Role::Tool,
         other => {
             return Err(invalid(
                 "messages",
@@ -340,7 +355,22 @@ fn message(m: ChatMessage, i: usize) -> Result<pb::Message, Invalid> {
             arguments_json: c.function.arguments,
         });
     }
-    if role == pb::Role::Tool && m.tool_call_id.is_none() {
+    if let Some(f) = m.function_call {
+        if role != pb::Role::Assistant || !tool_calls.is_empty() {
+            return Err(invalid(
+                "messages",
+                format!(
+                    "message {i}: only an assistant message without tool_calls has a function_call"
+                ),
+            ));
+        }
+        tool_calls.push(pb::ToolCall {
+            id: String::new(),
+            name: f.name,
+            arguments_json: f.arguments,
+        });
+    }
+    if role == pb::Role::Tool && m.tool_call_id.is_none() && !legacy_result {
         return Err(invalid(
             "messages",
             format!("message {i}: a tool message needs tool_call_id"),
@@ -390,6 +420,9 @@ pub struct Chat {
     pub stream: bool,
     pub include_usage: bool,
     pub n: u32,
+    /// The request used the legacy `functions`: the reply's first call is
+    /// `function_call`, its finish reason "function_call".
+    pub legacy_functions: bool,
 }
 
 impl ChatCompletionRequest {
@@ -436,9 +469,16 @@ impl ChatCompletionRequest {
             ));
         }
         let effort = reasoning_effort(self.reasoning_effort.as_deref())?;
+        let legacy_functions = self.functions.is_some();
+        let (tools, tool_choice) = legacy(
+            self.tools,
+            self.tool_choice,
+            self.functions,
+            self.function_call,
+        )?;
         let mut constraint = response_format(self.response_format.as_ref())?;
         let include_usage = stream_options(self.stream, self.stream_options)?;
-        let tools = self.tools.unwrap_or_default();
+        let tools = tools.unwrap_or_default();
         for t in &tools {
             if t.get("type").and_then(Value::as_str) != Some("function")
                 || t.pointer("/function/name")
@@ -451,7 +491,7 @@ impl ChatCompletionRequest {
                 ));
             }
         }
-        let use_tools = match &self.tool_choice {
+        let use_tools = match &tool_choice {
             None => true,
             Some(Value::String(s)) if s == "auto" => true,
             Some(Value::String(s)) if s == "none" => false,
@@ -529,8 +569,49 @@ impl ChatCompletionRequest {
             stream: self.stream,
             include_usage,
             n,
+            legacy_functions,
         })
     }
+}
+
+/// The legacy `functions` and `function_call` as `tools` and `tool_choice`
+/// (one API or the other, not both).
+fn legacy(
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
+    functions: Option<Vec<Value>>,
+    function_call: Option<Value>,
+) -> Result<(Option<Vec<Value>>, Option<Value>), Invalid> {
+    let Some(functions) = functions else {
+        if function_call.is_some() {
+            return Err(invalid("function_call", "function_call needs functions"));
+        }
+        return Ok((tools, tool_choice));
+    };
+    if tools.is_some() || tool_choice.is_some() {
+        return Err(invalid(
+            "functions",
+            "give tools (and tool_choice) or the legacy functions (and function_call), not both",
+        ));
+    }
+    let tools = functions
+        .into_iter()
+        .map(|f| json!({"type": "function", "function": f}))
+        .collect();
+    let choice = match function_call {
+        None => None,
+        Some(Value::String(s)) if s == "auto" || s == "none" => Some(Value::String(s)),
+        Some(Value::Object(o)) if o.get("name").and_then(Value::as_str).is_some() => {
+            Some(json!({"type": "function", "function": {"name": o["name"]}}))
+        }
+        Some(_) => {
+            return Err(invalid(
+                "function_call",
+                "function_call is \"auto\", \"none\" or {\"name\": ...}",
+            ));
+        }
+    };
+    Ok((Some(tools), choice))
 }
 
 /// A checked completion request.
