@@ -78,7 +78,7 @@ pub(crate) fn runner_request(
         stop: o.stop.clone(),
         max_tokens: o.max_tokens.unwrap_or(0),
         num_ctx: o.num_ctx.unwrap_or(0),
-        prefill_chunk: 0,
+        prefill_chunk: o.prefill_chunk.unwrap_or(0),
         kv_bits: o.kv_bits,
         kv_group_size: o.kv_group_size,
         quantized_kv_start: o.quantized_kv_start,

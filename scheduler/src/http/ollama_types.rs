@@ -242,11 +242,19 @@ pub fn options(o: Option<&Map<String, Value>>) -> Result<pb::Options, String> {
                     );
                 }
             }
-            // Hints about loading and resources (num_batch: the prompt's
-            // batch size), as ollama's MLX engine takes them: no effect on
-            // the output (README, "Fields taken and not used").
-            "num_gpu" | "num_thread" | "num_batch" | "use_mmap" | "numa" | "low_vram"
-            | "main_gpu" => {}
+            // The prompt's batch size: Grove's prefill chunk (the tokens of
+            // one forward pass), which changes memory, not the reply.
+            "num_batch" => {
+                let n = v
+                    .as_u64()
+                    .filter(|n| (1..=u64::from(u32::MAX)).contains(n))
+                    .ok_or("option num_batch must be a positive integer")?;
+                out.prefill_chunk = Some(n as u32);
+            }
+            // Hints about loading and resources, as ollama's MLX engine
+            // takes them: no effect on the output (README, "Fields taken and
+            // not used").
+            "num_gpu" | "num_thread" | "use_mmap" | "numa" | "low_vram" | "main_gpu" => {}
             // The tokens ollama keeps when it cuts a prompt that overflows
             // the context: Grove never cuts one (a prompt that does not fit
             // is refused), so no value changes the output.
@@ -259,7 +267,7 @@ pub fn options(o: Option<&Map<String, Value>>) -> Result<pb::Options, String> {
                 return Err(format!(
                     "option {other:?} is not supported by Grove (it takes temperature, top_k, top_p, min_p, \
                      repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, num_predict, \
-                     num_ctx and stop; num_gpu, num_thread, num_batch, num_keep, use_mmap, numa, low_vram and main_gpu are \
+                     num_ctx, num_batch and stop; num_gpu, num_thread, num_keep, use_mmap, numa, low_vram and main_gpu are \
                      taken and not used)"
                 ));
             }
@@ -376,6 +384,12 @@ mod tests {
             "low_vram": false, "main_gpu": 0, "penalize_newline": false, "temperature": 0.5}"#;
         let o = opts(hints).expect("taken");
         assert_eq!(o.temperature, Some(0.5));
+        assert_eq!(o.prefill_chunk, Some(512));
+        assert!(
+            opts(r#"{"num_batch": 0}"#)
+                .expect_err("no chunk")
+                .contains("num_batch")
+        );
         let e = opts(r#"{"penalize_newline": true}"#).expect_err("changes the output");
         assert!(e.contains("penalize_newline"), "{e}");
     }
