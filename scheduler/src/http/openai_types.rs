@@ -153,6 +153,9 @@ pub struct ChatCompletionRequest {
     pub audio: Option<Value>,
     pub prediction: Option<Value>,
     pub verbosity: Option<String>,
+    /// OpenAI's web search models' options: Grove's models have no web
+    /// access, so it is refused by name rather than ignored.
+    pub web_search_options: Option<Value>,
     /// For reasoning models, through the template's own variable (see
     /// `pb::ChatRequest::reasoning_effort`).
     pub reasoning_effort: Option<String>,
@@ -450,6 +453,12 @@ impl ChatCompletionRequest {
                 "Grove does not steer the length of answers; verbosity must be \"medium\" (the default)",
             ));
         }
+        if self.web_search_options.is_some() {
+            return Err(invalid(
+                "web_search_options",
+                "Grove's models do not search the web; web_search_options must be absent",
+            ));
+        }
         if self.prediction.is_some() {
             return Err(invalid(
                 "prediction",
@@ -717,6 +726,7 @@ mod tests {
         assert!(refused(r#", "n": 0"#).contains("n is 1 to 8"));
         assert_eq!(chat(r#", "n": 4"#).expect("taken").n, 4);
         assert!(refused(r#", "reasoning_effort": "extreme""#).contains("reasoning_effort"));
+        assert!(refused(r#", "web_search_options": {}"#).contains("do not search the web"));
     }
 
     #[test]
