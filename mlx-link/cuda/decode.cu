@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "decode_kernels.cuh"
+#include "decode_profile.h"
 #include "mlx/allocator.h"
 #include "mlx/array.h"
 #include "mlx/backend/cuda/device.h"
@@ -67,6 +68,7 @@ using namespace mlx::core;
 using grove_fd::Dims;
 using grove_fd::AttnArgs;
 using grove_fd::GemvArgs;
+using grove_fd::Profile;
 
 // Matrices and vectors per layer, in the order the runner passes them.
 enum { kWq, kWk, kWv, kWo, kWg, kWu, kWd, kMats };
@@ -82,55 +84,6 @@ const void* ptr(const array& a) {
   return static_cast<const char*>(static_cast<cu::CudaBuffer*>(const_cast<array&>(a).buffer().ptr())->data) + a.offset();
 }
 void* mut_ptr(array& a) { return const_cast<void*>(ptr(a)); }
-
-// GROVE_FD_PROFILE=1 (a diagnostic): GPU time per kind of kernel, from
-// events recorded around every launch (the step then waits for the device),
-// and the host time of a step's launches, printed every 256 steps.
-struct Profile {
-  enum Kind { kEmbed, kQkv, kAttend, kO, kGlu, kDown, kHead, kCopy, kKinds };
-  bool on = false;
-  std::vector<cudaEvent_t> ev;
-  std::vector<int> kind;
-  size_t n = 0;
-  double us[kKinds] = {}, host_us = 0;
-  long steps = 0, copies = 0;
-  std::chrono::steady_clock::time_point t0;
-
-  void mark(cudaStream_t s, int k) {
-    if (!on) return;
-    if (n == ev.size()) {
-      ev.emplace_back();
-      cudaEventCreate(&ev.back());
-      kind.push_back(0);
-    }
-    kind[n] = k;
-    cudaEventRecord(ev[n++], s);
-  }
-  void begin(cudaStream_t s) {
-    if (!on) return;
-    n = 0;
-    t0 = std::chrono::steady_clock::now();
-    mark(s, -1);
-  }
-  void end() {
-    if (!on) return;
-    host_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    cudaEventSynchronize(ev[n - 1]);
-    for (size_t i = 1; i < n; i++) {
-      float ms = 0.f;
-      cudaEventElapsedTime(&ms, ev[i - 1], ev[i]);
-      us[kind[i]] += 1000.0 * ms;
-    }
-    if (++steps % 256 == 0) {
-      const double k = 1.0 / steps;
-      fprintf(stderr,
-              "grove decode profile: %ld steps; per step (us): embed %.1f, qkv %.1f, attend %.1f, "
-              "o %.1f, glu %.1f, down %.1f, head %.1f, cache copies %.1f (%ld); host launches %.1f\n",
-              steps, us[kEmbed] * k, us[kQkv] * k, us[kAttend] * k, us[kO] * k, us[kGlu] * k,
-              us[kDown] * k, us[kHead] * k, us[kCopy] * k, copies, host_us * k);
-    }
-  }
-};
 
 // A matrix the plan keeps: dense in the model's dtype (bits 0) or Q-bit
 // affine with scales and biases in the model's dtype.
