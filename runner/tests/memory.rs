@@ -13,6 +13,14 @@ use grove_runner::model;
 /// Most bytes MLX may hold beyond weights and KV buffers at a checkpoint.
 const SLACK: i64 = 64 * 1024;
 
+/// What "flat across requests" allows between the first and the last ones:
+/// on the 2-core CI machine under nextest the recurrent fixture once read
+/// 1564 -> 1948 bytes (a few small arrays more or less alive at the settled
+/// read; flat in 5 of 5 runs on an idle machine). A leak of even one small
+/// array (26 bytes or more) per request exceeds it over the 40 requests
+/// between the windows compared.
+const JITTER: i64 = 1024;
+
 /// MLX's memory counters are per process: the tests take turns.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -123,11 +131,12 @@ fn active_invariant(name: &str) {
         );
         after.push(slack);
     }
-    // Flat: the last requests hold no more than the first ones.
+    // Flat: the last requests hold no more than the first ones, give or
+    // take JITTER.
     let first = after[..10].iter().max().copied().unwrap_or(0);
     let last = after[40..].iter().max().copied().unwrap_or(0);
     assert!(
-        last <= first,
+        last <= first + JITTER,
         "memory beyond weights + KV grew across requests: {first} -> {last}"
     );
     eprintln!(
