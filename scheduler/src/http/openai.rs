@@ -164,6 +164,27 @@ fn merged(
     )
 }
 
+/// A stream's choices as they end: the usage once the last of `n` has.
+struct Ending {
+    totals: Totals,
+    left: usize,
+}
+
+impl Ending {
+    fn new(n: usize) -> Self {
+        Self {
+            totals: Totals::default(),
+            left: n,
+        }
+    }
+    /// A choice ended with `m`: the usage if it was the last one.
+    fn done(&mut self, m: &pb::Metrics) -> Option<Value> {
+        self.totals.add(m);
+        self.left = self.left.saturating_sub(1);
+        (self.left == 0).then(|| self.totals.json())
+    }
+}
+
 /// Usage over all choices: the prompt once, every choice's completion.
 #[derive(Default, Clone, Copy)]
 struct Totals {
@@ -173,6 +194,14 @@ struct Totals {
 }
 
 impl Totals {
+    /// Over whole replies.
+    fn of(ws: &[Whole]) -> Self {
+        let mut t = Self::default();
+        for w in ws {
+            t.add(&w.metrics());
+        }
+        t
+    }
     fn add(&mut self, m: &pb::Metrics) {
         self.prompt = m.prompt_tokens;
         self.cached = self.cached.max(m.cached_prompt_tokens);
@@ -228,7 +257,7 @@ async fn chat(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) 
         .map(|i| chunk(i, json!({"role": "assistant", "content": ""}), None))
         .collect();
     let mut calls = vec![0usize; n];
-    let (mut totals, mut done) = (Totals::default(), 0);
+    let mut ending = Ending::new(n);
     let events = merged(streams).flat_map(move |(i, item)| {
         let out: Vec<Value> = match item {
             Ok(pb::GenerateResponse { event: Some(e) }) => match e {
@@ -246,12 +275,12 @@ async fn chat(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) 
                 Ev::Done(d) => {
                     let finish = legacy_finish(finish_reason(&d), legacy);
                     let mut out = vec![chunk(i, json!({}), Some(finish))];
-                    totals.add(&d.metrics.unwrap_or_default());
-                    done += 1;
-                    if include_usage && done == n {
+                    if let Some(usage) = ending.done(&d.metrics.unwrap_or_default())
+                        && include_usage
+                    {
                         let mut last = chunk(i, json!({}), None);
                         last["choices"] = json!([]);
-                        last["usage"] = totals.json();
+                        last["usage"] = usage;
                         out.push(last);
                     }
                     out
@@ -280,12 +309,10 @@ fn legacy_finish(reason: &'static str, legacy: bool) -> &'static str {
 }
 
 fn chat_whole(id: &str, created: i64, model: &str, ws: &[Whole], legacy: bool) -> Value {
-    let mut totals = Totals::default();
     let choices: Vec<Value> = ws
         .iter()
         .enumerate()
         .map(|(i, w)| {
-            totals.add(&w.metrics());
             let mut message = json!({
                 "role": "assistant",
                 "content": if w.text.is_empty() && !w.tool_calls.is_empty() { Value::Null } else { json!(w.text) },
@@ -313,7 +340,7 @@ fn chat_whole(id: &str, created: i64, model: &str, ws: &[Whole], legacy: bool) -
         "id": id, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": FINGERPRINT,
         "choices": choices,
-        "usage": totals.json(),
+        "usage": Totals::of(ws).json(),
     })
 }
 
@@ -346,22 +373,19 @@ async fn completions(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejec
     if !c.stream {
         return match futures_util::future::try_join_all(streams.into_iter().map(whole)).await {
             Ok(ws) => {
-                let mut totals = Totals::default();
                 let choices: Vec<Value> = ws
                     .iter()
                     .enumerate()
-                    .map(|(i, w)| {
-                        totals.add(&w.metrics());
-                        choice(i, &w.text, Some(finish_reason(&w.done)))
-                    })
+                    .map(|(i, w)| choice(i, &w.text, Some(finish_reason(&w.done))))
                     .collect();
-                super::json(StatusCode::OK, &body(json!(choices), Some(totals.json())))
+                let usage = Totals::of(&ws).json();
+                super::json(StatusCode::OK, &body(json!(choices), Some(usage)))
             }
             Err(s) => status_error(&s),
         };
     }
     let (include_usage, n) = (c.include_usage, c.n as usize);
-    let (mut totals, mut done) = (Totals::default(), 0);
+    let mut ending = Ending::new(n);
     let events = merged(streams).flat_map(move |(i, item)| {
         let out: Vec<Value> = match item {
             Ok(pb::GenerateResponse {
@@ -371,10 +395,10 @@ async fn completions(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejec
                 event: Some(Ev::Done(d)),
             }) => {
                 let mut out = vec![body(json!([choice(i, "", Some(finish_reason(&d)))]), None)];
-                totals.add(&d.metrics.unwrap_or_default());
-                done += 1;
-                if include_usage && done == n {
-                    out.push(body(json!([]), Some(totals.json())));
+                if let Some(usage) = ending.done(&d.metrics.unwrap_or_default())
+                    && include_usage
+                {
+                    out.push(body(json!([]), Some(usage)));
                 }
                 out
             }
