@@ -38,28 +38,63 @@ __device__ __forceinline__ uint4 pack8(const float v[8]) {
   return out;
 }
 
-// Value E of a word of Q-bit values as 1 + q / 2^Q: q moved into the top
-// mantissa bits of 1.0f with a shift and a mask (integer-to-float
-// conversions issue at a quarter of the rate and would bound the product).
-template <int Q, int E>
-__device__ __forceinline__ float unit(uint32_t word) {
-  constexpr int SHIFT = (23 - Q) - E * Q;
-  constexpr uint32_t FIELD = ((1u << Q) - 1u) << (23 - Q);
-  const uint32_t moved = SHIFT >= 0 ? (word << (SHIFT >= 0 ? SHIFT : 0)) : (word >> (SHIFT < 0 ? -SHIFT : 0));
-  return __uint_as_float((moved & FIELD) | 0x3f800000u);
+// Integer dot products of four byte pairs added to c (PTX dp4a): a's bytes
+// unsigned, b's signed (us) or unsigned (uu).
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ int dp4a_uu(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// A span of x (the values one lane's 16-byte load of Q-bit weights meets)
+// as 16-bit integers v = round(x / s), s = max |x| / 32767, each split into
+// a signed high byte and an unsigned low byte (v = 256 hi + lo), laid out
+// as the weights' words are read: for Q = 4, per word of 8 values, the
+// high bytes of values 0 2 4 6, of 1 3 5 7, then the low bytes of the same
+// (a word's nibbles masked with 0x0f0f0f0f, then shifted by 4, line up with
+// them); for Q = 8, per word of 4 values, the high bytes, then the low.
+// The rounding is 2^-16 of the span's largest |x|, far below x's own bf16
+// rounding; sum(x q) then costs one dp4a per 4 weights and byte half.
+template <int Q>
+__device__ __forceinline__ uint32_t byte4(const int v[8], int first, int step, bool high) {
+  uint32_t out = 0;
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const int x = v[first + i * step];
+    const uint32_t byte = high ? static_cast<uint32_t>(x >> 8) & 0xffu : static_cast<uint32_t>(x) & 0xffu;
+    out |= byte << (8 * i);
+  }
+  return out;
+}
+template <int Q>
+__device__ __forceinline__ uint4 split8(const int v[8]) {
+  if constexpr (Q == 4) {
+    return make_uint4(byte4<Q>(v, 0, 2, true), byte4<Q>(v, 1, 2, true), byte4<Q>(v, 0, 2, false),
+                      byte4<Q>(v, 1, 2, false));
+  } else {
+    return make_uint4(byte4<Q>(v, 0, 1, true), byte4<Q>(v, 0, 1, false), byte4<Q>(v, 4, 1, true),
+                      byte4<Q>(v, 4, 1, false));
+  }
 }
 
 // Each warp computes R output columns (kGlu: R of gate and R of up) for all
 // B rows, reading each weight once with 16-byte loads, eight in flight. The
 // block first puts the rows of x (normalized, for NORM: the values MLX's
 // rms_norm outputs, exact in T) into shared memory: `rows * k` values of T,
-// then, for Q-bit weights (Q = 4 or 8; 0: dense T), the sum of each lane
-// load's span of x: the launch's dynamic shared memory (gemv_smem).
+// then, for Q-bit weights (Q = 4 or 8; 0: dense T), turns each lane load's
+// span of x into split8's integers in place and keeps the span's sum and
+// scale: the launch's dynamic shared memory (gemv_smem).
 //
-// A quantized column's dot product is sum over spans of scale * sum(x q) +
-// bias * sum(x), with sum(x q) = 2^Q (sum(x (1 + q / 2^Q)) - sum(x)), all in
-// float32 (as Grove's qmv.cuh; MLX's quantized_matmul on these rows gives
-// the same values up to the order of its float sums).
+// A quantized column's dot product is the sum over spans of
+// scale * sum(x q) + bias * sum(x) in float32, sum(x q) summed exactly in
+// integers (dp4a) and multiplied by the span's s (MLX's quantized_matmul on
+// these rows gives the same values up to the order of its float sums and
+// x's 2^-16 rounding).
 template <int Q>
 struct Span {
   static constexpr int kVals = Q == 0 ? 8 : 128 / Q;  // values per 16-byte load
@@ -80,18 +115,19 @@ __device__ __forceinline__ int swz(int i) {
 }
 
 __host__ __device__ constexpr size_t gemv_smem(int q, int rows, int k, int t_bytes) {
-  return static_cast<size_t>(rows) * k * t_bytes + (q == 0 ? 0 : static_cast<size_t>(rows) * (k / (128 / q)) * 4);
+  return static_cast<size_t>(rows) * k * t_bytes + (q == 0 ? 0 : static_cast<size_t>(rows) * (k / (128 / q)) * 8);
 }
 
 template <class T, int B, int R, int MODE, bool NORM, int Q>
 __global__ void __launch_bounds__(kWarps * 32) gemv(const GemvArgs a) {
   constexpr int NR = MODE == kGlu ? 2 * R : R;
   constexpr int V = Span<Q>::kVals, XV = Span<Q>::kXVecs;
-  extern __shared__ uint4 xs[];  // [rows][k / 8], then (Q) float [rows][k / V]
+  extern __shared__ uint4 xs[];  // [rows][k / 8], then (Q) float [2][rows][k / V]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const T* x = static_cast<const T*>(a.x);
   const int k8 = a.k / 8, kv = a.k / V;
   float* xsum = reinterpret_cast<float*>(xs + a.rows * k8);
+  float* xscale = xsum + a.rows * kv;
   // 1. x into shared memory; for NORM each row's 1 / rms over all K, then
   //    the normalized values in place; for Q the spans' sums.
   for (int i = threadIdx.x; i < a.rows * k8; i += blockDim.x) {
@@ -144,16 +180,31 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const GemvArgs a) {
     __syncthreads();
   }
   if constexpr (Q != 0) {
+    // Each span's sum and scale, and the span in place as split8's integers
+    // (as many bytes as its values in T).
     for (int i = threadIdx.x; i < a.rows * kv; i += blockDim.x) {
-      float t = 0.f;
+      const int b = i / kv, c = i - b * kv;
+      float v[XV][8];
+      float t = 0.f, m = 0.f;
 #pragma unroll
       for (int j = 0; j < XV; j++) {
-        float v[8];
-        unpack8<T>(xs[i * XV + j], v);
+        unpack8<T>(xs[b * k8 + swz<XV>(c * XV + j)], v[j]);
 #pragma unroll
-        for (int e = 0; e < 8; e++) t += v[e];
+        for (int e = 0; e < 8; e++) {
+          t += v[j][e];
+          m = fmaxf(m, fabsf(v[j][e]));
+        }
+      }
+      const float inv = m > 0.f ? 32767.f / m : 0.f;
+#pragma unroll
+      for (int j = 0; j < XV; j++) {
+        int q[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) q[e] = max(-32767, min(32767, __float2int_rn(v[j][e] * inv)));
+        xs[b * k8 + swz<XV>(c * XV + j)] = split8<Q>(q);
       }
       xsum[i] = t;
+      xscale[i] = m / 32767.f;
     }
     __syncthreads();
   }
@@ -211,43 +262,36 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const GemvArgs a) {
           }
         }
       } else {
-        constexpr int PER_WORD = 32 / Q;  // values per 32-bit word
 #pragma unroll
         for (int b = 0; b < B; b++) {
           if (b < a.rows) {
-            const float xt = xsum[b * kv + k / V];
-            float dot[NR];
+            const float xt = xsum[b * kv + k / V], xs_scale = xscale[b * kv + k / V];
+            int hi[NR], lo[NR];
 #pragma unroll
-            for (int r = 0; r < NR; r++) dot[r] = 0.f;
+            for (int r = 0; r < NR; r++) hi[r] = lo[r] = 0;
 #pragma unroll
             for (int j = 0; j < XV; j++) {
-              float v[8];
-              unpack8<T>(xs[b * k8 + swz<XV>(k / 8 + j)], v);
+              const uint4 xv = xs[b * k8 + swz<XV>(k / 8 + j)];
 #pragma unroll
               for (int r = 0; r < NR; r++) {
                 const uint32_t words[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                  const int val = j * 8 + e;  // value within the load
-                  const uint32_t word = words[val / PER_WORD];
-                  float u;
-                  switch (val % PER_WORD) {
-                    case 0: u = unit<Q, 0>(word); break;
-                    case 1: u = unit<Q, 1>(word); break;
-                    case 2: u = unit<Q, 2>(word); break;
-                    case 3: u = unit<Q, 3>(word); break;
-                    case 4: u = unit<Q, 4 % PER_WORD>(word); break;
-                    case 5: u = unit<Q, 5 % PER_WORD>(word); break;
-                    case 6: u = unit<Q, 6 % PER_WORD>(word); break;
-                    default: u = unit<Q, 7 % PER_WORD>(word); break;
-                  }
-                  dot[r] = fmaf(v[e], u, dot[r]);
+                if constexpr (Q == 4) {
+                  const uint32_t even = words[j] & 0x0f0f0f0fu, odd = (words[j] >> 4) & 0x0f0f0f0fu;
+                  hi[r] = dp4a_us(even, xv.x, hi[r]);
+                  hi[r] = dp4a_us(odd, xv.y, hi[r]);
+                  lo[r] = dp4a_uu(even, xv.z, lo[r]);
+                  lo[r] = dp4a_uu(odd, xv.w, lo[r]);
+                } else {
+                  hi[r] = dp4a_us(words[2 * j], xv.x, hi[r]);
+                  lo[r] = dp4a_uu(words[2 * j], xv.y, lo[r]);
+                  hi[r] = dp4a_us(words[2 * j + 1], xv.z, hi[r]);
+                  lo[r] = dp4a_uu(words[2 * j + 1], xv.w, lo[r]);
                 }
               }
             }
 #pragma unroll
             for (int r = 0; r < NR; r++) {
-              const float xq = static_cast<float>(1 << Q) * (dot[r] - xt);
+              const float xq = static_cast<float>(hi[r] * 256 + lo[r]) * xs_scale;
               acc[r][b] = fmaf(Num<T>::to(sv[r]), xq, fmaf(Num<T>::to(bv[r]), xt, acc[r][b]));
             }
           }
