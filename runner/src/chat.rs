@@ -29,6 +29,18 @@ pub struct ChatParts {
 }
 
 impl ChatParts {
+    /// The text and bytes token `id` stands for: its bytes in decoded text
+    /// where the tokenizer has them per token, else its decoding alone.
+    pub fn token_text(&self, id: u32) -> (String, Vec<u8>) {
+        let bytes = self.table.text_bytes(id).unwrap_or_else(|| {
+            self.tokenizer
+                .decode(&[id])
+                .unwrap_or_default()
+                .into_bytes()
+        });
+        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+    }
+
     /// Reads the model's templates and checks that they parse (a template that
     /// does not parse fails every chat request with that error).
     pub fn new(

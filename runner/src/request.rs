@@ -170,6 +170,9 @@ pub struct Split {
     pub tool_calls: bool,
 }
 
+/// The most alternatives a token's log-probability comes with (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
 /// Checks the options against the model's facts, and builds the engine's job
 /// (with an empty prompt when it is a conversation still to render).
 pub fn job(
@@ -194,6 +197,11 @@ pub fn job(
         return Err(Status::invalid_argument("stop strings must not be empty"));
     }
     let kv = kv_choice(req.kv_bits, req.kv_group_size, req.quantized_kv_start)?;
+    if let Some(n) = req.top_logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
+        return Err(Status::invalid_argument(format!(
+            "top_logprobs must be at most {MAX_TOP_LOGPROBS}, not {n}"
+        )));
+    }
     let defaults = GenerateParams::default();
     let job = Job {
         input: Vec::new(),
@@ -212,6 +220,7 @@ pub fn job(
         stop: req.stop,
         kv,
         grammar: None,
+        logprobs: req.top_logprobs.map(|n| n as usize),
     };
     let constraint = constraint(req.constraint)?;
     Ok((job, prompt, constraint))

@@ -14,7 +14,7 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
-use crate::chat;
+use crate::chat::{self, ChatParts};
 use crate::chat_template::sandbox::Sandbox;
 use crate::chat_template::{ChatRequest, Message, Role};
 use crate::engine::{Activity, Engine, EngineConfig, Event, LoadState, Snapshot};
@@ -24,6 +24,7 @@ use crate::memory::MemorySource;
 use crate::model::Architecture;
 use crate::reply::{self, Reply};
 use crate::request::{Prompt, job, runner_status, submit_status, template_vars, tools};
+use crate::sample::TokenLogprob;
 use crate::tool_choice;
 
 /// How `serve` is set up.
@@ -332,6 +333,36 @@ fn status(s: &Snapshot) -> pb::StatusResponse {
     }
 }
 
+/// The engine's log-probabilities as a message, each id with its text.
+fn logprobs_message(parts: &ChatParts, tokens: Vec<TokenLogprob>) -> pb::GenerateResponse {
+    let one = |id: u32, logprob: f32, top: Vec<pb::TokenLogprob>| {
+        let (token, bytes) = parts.token_text(id);
+        pb::TokenLogprob {
+            id,
+            token,
+            bytes,
+            logprob,
+            top,
+        }
+    };
+    let tokens = tokens
+        .into_iter()
+        .map(|t| {
+            let top = t
+                .top
+                .into_iter()
+                .map(|(id, lp)| one(id, lp, Vec::new()))
+                .collect();
+            one(t.id, t.logprob, top)
+        })
+        .collect();
+    pb::GenerateResponse {
+        event: Some(pb::generate_response::Event::Logprobs(pb::Logprobs {
+            tokens,
+        })),
+    }
+}
+
 fn done_of(reason: FinishReason, m: crate::engine::Metrics) -> pb::Done {
     let reason = match reason {
         FinishReason::Stop => pb::DoneReason::Stop,
@@ -383,6 +414,7 @@ impl Runner for Service {
             .facts
             .map_or(usize::MAX, |f| f.vocab_size);
         let (mut job, prompt, mut constraint) = job(req.into_inner(), vocab)?;
+        let wants_logprobs = job.logprobs.is_some();
         if let (Some(Constraint::ToolCall(name)), Prompt::Chat(request, _, split)) =
             (&constraint, &prompt)
         {
@@ -449,6 +481,11 @@ impl Runner for Service {
             }
         }
         let (tx, rx) = mpsc::channel(16);
+        let parts = if wants_logprobs {
+            Some(self.engine.chat_parts().await.map_err(runner_status)?)
+        } else {
+            None
+        };
         tokio::spawn(async move {
             let mut reply = Some(Reply::new(format));
             loop {
@@ -464,6 +501,10 @@ impl Runner for Service {
                 };
                 let items = match (event, reply.as_mut()) {
                     (Event::Text(text), Some(r)) => r.text(text).into_iter().map(Ok).collect(),
+                    (Event::Logprobs(tokens), Some(_)) => match &parts {
+                        Some(parts) => vec![Ok(logprobs_message(parts, tokens))],
+                        None => continue,
+                    },
                     (Event::Done { reason, metrics }, Some(_)) => reply
                         .take()
                         .map(|r| r.done(done_of(reason, metrics)))

@@ -223,6 +223,7 @@ fn sample_request() -> pb::GenerateRequest {
                 r#"{"type": "object", "properties": {"a": {"type": "integer"}}}"#.into(),
             )),
         }),
+        top_logprobs: Some(5),
     }
 }
 

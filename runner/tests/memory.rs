@@ -254,6 +254,7 @@ fn batched_invariant_with(
         stop: Vec::new(),
         kv: Default::default(),
         grammar: None,
+        logprobs: None,
     };
     let mut after = Vec::new();
     rt.block_on(async {

@@ -79,6 +79,7 @@ pub(crate) fn runner_request(
         max_tokens: o.max_tokens.unwrap_or(0),
         num_ctx: o.num_ctx.unwrap_or(0),
         prefill_chunk: o.prefill_chunk.unwrap_or(0),
+        top_logprobs: o.top_logprobs,
         kv_bits: o.kv_bits,
         kv_group_size: o.kv_group_size,
         quantized_kv_start: o.quantized_kv_start,
@@ -208,6 +209,16 @@ async fn runner_failure(status: Status, lease: &Lease, model: &str) -> Status {
     }
 }
 
+fn token_logprob(t: rpb::TokenLogprob) -> pb::TokenLogprob {
+    pb::TokenLogprob {
+        id: t.id,
+        token: t.token,
+        bytes: t.bytes,
+        logprob: t.logprob,
+        top: t.top.into_iter().map(token_logprob).collect(),
+    }
+}
+
 /// Events the client has not taken yet, neighbouring text (or reasoning)
 /// merged into one message.
 #[derive(Default)]
@@ -229,12 +240,16 @@ impl Pending {
                 name: c.name,
                 arguments_json: c.arguments_json,
             }),
+            R::Logprobs(l) => E::Logprobs(pb::Logprobs {
+                tokens: l.tokens.into_iter().map(token_logprob).collect(),
+            }),
             R::Done(_) => return,
         };
         match (self.0.back_mut(), e) {
             (Some(E::Text(a)), E::Text(b)) | (Some(E::Thinking(a)), E::Thinking(b)) => {
                 a.push_str(&b)
             }
+            (Some(E::Logprobs(a)), E::Logprobs(b)) => a.tokens.extend(b.tokens),
             (_, e) => self.0.push_back(e),
         }
     }

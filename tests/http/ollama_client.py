@@ -108,6 +108,17 @@ try:
 except ollama.ResponseError as e:
     show("chat(think='max') -> ResponseError", f"{e.status_code} {e.error}")
     assert e.status_code == 400 and "think" in e.error
+# Log-probabilities, whole and streamed alike (greedy: each token the most likely).
+lw = client.chat(model=model, messages=messages, logprobs=True, top_logprobs=2, options={"num_predict": 5, "temperature": 0})
+show("chat(logprobs=True, top_logprobs=2): logprobs", [(x.token, round(x.logprob, 4)) for x in lw.logprobs])
+assert len(lw.logprobs) == lw.eval_count == 5
+assert all(len(x.top_logprobs) == 2 and abs(x.logprob - x.top_logprobs[0].logprob) < 1e-6 for x in lw.logprobs)
+ls = [x for p in client.chat(model=model, messages=messages, logprobs=True, top_logprobs=2, stream=True,
+                             options={"num_predict": 5, "temperature": 0}) for x in (p.logprobs or [])]
+assert [(x.token, x.logprob) for x in ls] == [(x.token, x.logprob) for x in lw.logprobs]
+lg = client.generate(model=model, prompt="Why is the sky blue?", logprobs=True, options={"num_predict": 3})
+show("generate(logprobs=True): logprobs", [(x.token, round(x.logprob, 4)) for x in lg.logprobs])
+assert len(lg.logprobs) == 3 and all(not x.top_logprobs for x in lg.logprobs)
 try:
     client.chat(model="nobody/no-such-model", messages=messages)
     raise AssertionError("an unknown model was accepted")

@@ -204,7 +204,34 @@ expect(openai.BadRequestError, "a schema llguidance cannot compile",
        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strange"}}})
 expect(openai.BadRequestError, "tool_choice naming no tool", tools=weather,
        tool_choice={"type": "function", "function": {"name": "nope"}})
-expect(openai.BadRequestError, "logprobs=True", logprobs=True)
+# Log-probabilities: every token's with its alternatives (greedy: the token is
+# the most likely), the same whole and streamed; legacy completions' shape.
+lp = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0,
+                                    logprobs=True, top_logprobs=3)
+content = lp.choices[0].logprobs.content
+show("logprobs=True, top_logprobs=3: logprobs.content",
+     [(t.token, round(t.logprob, 4), [(a.token, round(a.logprob, 4)) for a in t.top_logprobs]) for t in content])
+assert len(content) == lp.usage.completion_tokens == 6, content
+for t in content:
+    assert len(t.top_logprobs) == 3 and t.logprob <= 0 and t.bytes is not None, t
+    assert abs(t.logprob - max(a.logprob for a in t.top_logprobs)) < 1e-6, t
+    assert [a.logprob for a in t.top_logprobs] == sorted((a.logprob for a in t.top_logprobs), reverse=True), t
+streamed = []
+for ch in client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0,
+                                         logprobs=True, top_logprobs=3, stream=True):
+    if ch.choices and ch.choices[0].logprobs and ch.choices[0].logprobs.content:
+        streamed += ch.choices[0].logprobs.content
+show("the same streamed: tokens", [t.token for t in streamed])
+assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+plain = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0)
+assert plain.choices[0].logprobs is None and plain.choices[0].message.content == lp.choices[0].message.content
+lc = client.completions.create(model=model, prompt="Once upon a time", max_tokens=4, temperature=0, logprobs=2)
+show("completions.create(logprobs=2): logprobs", lc.choices[0].logprobs.model_dump())
+lcp = lc.choices[0].logprobs
+assert len(lcp.tokens) == len(lcp.token_logprobs) == len(lcp.top_logprobs) == len(lcp.text_offset) == 4
+assert lcp.text_offset[0] == 0 and all(1 <= len(d) <= 2 for d in lcp.top_logprobs), lcp
+expect(openai.BadRequestError, "top_logprobs=21", logprobs=True, top_logprobs=21)
+expect(openai.BadRequestError, "top_logprobs=2 without logprobs", top_logprobs=2)
 expect(openai.BadRequestError, "an unknown field (extra_body)", extra_body={"mirostat": 2})
 expect(openai.BadRequestError, "temperature=-1", temperature=-1)
 # reasoning_effort goes to the template's own variable: Qwen3's enable_thinking

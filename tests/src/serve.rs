@@ -127,6 +127,8 @@ pub struct Completion {
     /// Reasoning and tool calls, when the request split them out.
     pub thinking: String,
     pub tool_calls: Vec<pb::ToolCall>,
+    /// Each generated token's log-probability (when asked for).
+    pub logprobs: Vec<pb::TokenLogprob>,
     pub done: pb::Done,
 }
 
@@ -165,11 +167,13 @@ async fn complete_unbounded(
 ) -> Result<Completion, tonic::Status> {
     let mut stream = client.generate(req).await?.into_inner();
     let (mut text, mut thinking, mut tool_calls) = (String::new(), String::new(), Vec::new());
+    let mut logprobs = Vec::new();
     while let Some(msg) = stream.message().await? {
         match msg.event {
             Some(pb::generate_response::Event::Text(t)) => text.push_str(&t),
             Some(pb::generate_response::Event::Thinking(t)) => thinking.push_str(&t),
             Some(pb::generate_response::Event::ToolCall(c)) => tool_calls.push(c),
+            Some(pb::generate_response::Event::Logprobs(l)) => logprobs.extend(l.tokens),
             Some(pb::generate_response::Event::Done(done)) => {
                 if stream.message().await?.is_some() {
                     return Err(tonic::Status::internal("messages after Done"));
@@ -178,6 +182,7 @@ async fn complete_unbounded(
                     text,
                     thinking,
                     tool_calls,
+                    logprobs,
                     done,
                 });
             }

@@ -220,6 +220,7 @@ impl Worker {
             slot: Some(slot),
             kv,
             grammar: job.as_mut().and_then(|j| j.grammar.take()),
+            logprobs: job.as_ref().and_then(|j| j.logprobs),
         };
         match Sequence::new(spec) {
             Ok(mut sequence) => {

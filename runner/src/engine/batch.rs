@@ -17,6 +17,7 @@ use crate::cache::{BatchKvCache, CacheKind, KvSetting, LayerKv};
 use crate::error::{MlxPhase, Result};
 use crate::generate::FinishReason;
 use crate::model::Model;
+use crate::sample::{PendingLogprob, token_logprobs};
 
 /// A sequence that left the batch, with how it ended.
 pub struct Left {
@@ -118,6 +119,12 @@ impl Batch {
                     .flat_map(Checkpoint::arrays),
             )
             .chain(self.next.iter())
+            .chain(
+                self.rows
+                    .iter()
+                    .flat_map(|r| r.lp_fed.iter().chain(&r.lp_sampled))
+                    .flat_map(PendingLogprob::arrays),
+            )
     }
 
     /// Adds a prefilled sequence: its caches (one per layer) and its next
@@ -250,6 +257,7 @@ impl Batch {
             .rows
             .iter()
             .all(|r| r.sampler.is_greedy() && !r.sampler.has_processors());
+        let mut processed = Vec::new();
         let next = if plain {
             argmax_axis(
                 logits
@@ -267,17 +275,32 @@ impl Batch {
                 let i = i as i32;
                 let row_logits = logits.try_index(i..i + 1).phase("decode")?;
                 let pending = y.try_index(i..i + 1).phase("decode")?;
-                picked.push(
+                let (token, drawn_from) =
                     row.sampler
-                        .sample_after(&row_logits, &row.history, Some(&pending))?
-                        .reshape(&[1])
-                        .phase("decode")?,
-                );
+                        .sample_processed(&row_logits, &row.history, Some(&pending))?;
+                picked.push(token.reshape(&[1]).phase("decode")?);
+                processed.push(drawn_from);
             }
             concatenate(&picked, 0).phase("decode")?
         };
         let (next, next_news) = model.agree_flagged(next, news).phase("decode")?;
-        async_eval(std::iter::once(&next).chain(&next_news)).phase("decode")?;
+        // Log-probabilities of what was sampled, for the rows that ask.
+        for (i, row) in self.rows.iter_mut().enumerate() {
+            let Some(n) = row.logprobs else { continue };
+            let at = i as i32;
+            let drawn_from = match processed.get(i) {
+                Some(p) => p.clone(),
+                None => logits.try_index(at..at + 1).phase("decode")?,
+            };
+            let token = next.try_index(at..at + 1).phase("decode")?;
+            row.lp_sampled = Some(token_logprobs(&drawn_from, &token, n)?);
+        }
+        let lp_sampled = self
+            .rows
+            .iter()
+            .filter_map(|r| r.lp_sampled.as_ref())
+            .flat_map(PendingLogprob::arrays);
+        async_eval(std::iter::once(&next).chain(&next_news).chain(lp_sampled)).phase("decode")?;
         // 3. Read the pending tokens back (the next step is already running).
         let tokens: Vec<u32> = match read_back {
             Some(tokens) => tokens,
@@ -290,6 +313,16 @@ impl Batch {
             eval([&flag]).phase("decode")?;
             self.news_read = Some(flag.as_slice::<u32>().first().is_some_and(|&f| f != 0));
         }
+        // (With the log-probabilities of the tokens fed, where asked for.)
+        let lp_fed = self
+            .rows
+            .iter()
+            .filter_map(|r| r.lp_fed.as_ref())
+            .flat_map(PendingLogprob::arrays);
+        let lp_fed: Vec<&Array> = lp_fed.collect();
+        if !lp_fed.is_empty() {
+            eval(lp_fed).phase("decode")?;
+        }
         let mut outcomes = Vec::with_capacity(self.rows.len());
         for (row, &token) in self.rows.iter_mut().zip(&tokens) {
             let mut outcome = row.on_fed(token);
@@ -297,6 +330,7 @@ impl Batch {
                 outcome = Progress::Gone;
             }
             outcomes.push(outcome);
+            row.lp_fed = row.lp_sampled.take();
         }
         // 4. Rows that ended leave, from the caches and from the step in flight.
         if outcomes.iter().all(|o| *o == Progress::Continue) {

@@ -296,6 +296,7 @@ impl Follow {
                             stop,
                             kv,
                             grammar: None,
+                            logprobs: None,
                         }),
                         events,
                         slot,

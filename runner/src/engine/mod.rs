@@ -30,6 +30,7 @@ use crate::error::{Result, RunnerError};
 use crate::generate::{FinishReason, GenerateParams};
 use crate::memory::Budget;
 use crate::model::{Architecture, QuantParams};
+use crate::sample::TokenLogprob;
 
 /// How the engine is set up.
 #[derive(Debug, Clone)]
@@ -170,6 +171,9 @@ pub struct Job {
     /// Structured output: the compiled constraint (compiled before the job
     /// reaches the engine thread).
     pub grammar: Option<crate::grammar::Grammar>,
+    /// Log-probabilities: each generated token's, with this many most likely
+    /// alternatives, as [`Event::Logprobs`].
+    pub logprobs: Option<usize>,
 }
 
 /// Counters of one generation.
@@ -193,6 +197,8 @@ pub enum Event {
     /// The request was accepted; text follows.
     Started,
     Text(String),
+    /// Log-probabilities of generated tokens, in order (a job's `logprobs`).
+    Logprobs(Vec<TokenLogprob>),
     Done {
         reason: FinishReason,
         metrics: Metrics,

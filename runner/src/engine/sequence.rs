@@ -16,7 +16,7 @@ use crate::detokenize::{Detokenizer, TokenTable};
 use crate::error::{MlxPhase, Result, RunnerError};
 use crate::generate::FinishReason;
 use crate::grammar::Grammar;
-use crate::sample::Sampler;
+use crate::sample::{PendingLogprob, Sampler, TokenLogprob, token_logprobs};
 use crate::stop::StopMatcher;
 
 /// Who is waiting for the sequence.
@@ -82,6 +82,14 @@ pub struct Sequence {
     stopped_by_string: bool,
     /// Structured output: the tokens the sampler may pick, step by step.
     pub grammar: Option<Grammar>,
+    /// Log-probabilities wanted, with this many alternatives a token.
+    pub logprobs: Option<usize>,
+    /// Those of the token being fed (read back with it), and of the token
+    /// the step in flight sampled.
+    pub lp_fed: Option<PendingLogprob>,
+    pub lp_sampled: Option<PendingLogprob>,
+    /// Log-probabilities waiting for the client, as `outbox`.
+    lp_outbox: Vec<TokenLogprob>,
 }
 
 /// Everything a sequence needs to be made.
@@ -103,6 +111,7 @@ pub struct Spec {
     pub slot: Option<OwnedSemaphorePermit>,
     pub kv: Option<KvSetting>,
     pub grammar: Option<Grammar>,
+    pub logprobs: Option<usize>,
 }
 
 impl Sequence {
@@ -137,6 +146,10 @@ impl Sequence {
             outbox: String::new(),
             stopped_by_string: false,
             grammar: spec.grammar,
+            logprobs: spec.logprobs,
+            lp_fed: None,
+            lp_sampled: None,
+            lp_outbox: Vec::new(),
             prompt: spec.prompt,
             _slot: spec.slot,
         })
@@ -184,14 +197,20 @@ impl Sequence {
 
     /// Samples the first token from the last prompt position's logits.
     pub fn first_token(&mut self, logits: &Array) -> Result<Array> {
-        match self.constraint_mask(None)? {
+        let logits = match self.constraint_mask(None)? {
             Some(row) => {
                 let mask = Array::from_slice(&row, &[1, row.len() as i32]);
-                let masked = logits.add(&mask).phase("constraining the output")?;
-                self.sampler.sample(&masked, &self.history)
+                logits.add(&mask).phase("constraining the output")?
             }
-            None => self.sampler.sample(logits, &self.history),
+            None => logits.clone(),
+        };
+        let (token, processed) = self
+            .sampler
+            .sample_processed(&logits, &self.history, None)?;
+        if let Some(n) = self.logprobs {
+            self.lp_fed = Some(token_logprobs(&processed, &token, n)?);
         }
+        Ok(token)
     }
 
     /// Structured output: advances the grammar past `fed` (the token the
@@ -237,8 +256,15 @@ impl Sequence {
     }
 
     /// The batch read back what it fed: the last prompt token (nothing to
-    /// emit) or a generated token.
+    /// emit) or a generated token (with its log-probabilities, evaluated by
+    /// the batch, when they are wanted).
     pub fn on_fed(&mut self, token: u32) -> Progress {
+        if let Some(lp) = self.lp_fed.take() {
+            match lp.read(token) {
+                Ok(lp) => self.lp_outbox.push(lp),
+                Err(e) => eprintln!("grove-runner: reading log-probabilities: {e}"),
+            }
+        }
         if self.prompt_pending {
             self.prompt_pending = false;
             if self.sampler.uses_history() {
@@ -260,6 +286,8 @@ impl Sequence {
             self.first_at = Some(Instant::now());
         }
         if self.eos.contains(&token) {
+            // Not part of the reply: neither is its log-probability.
+            self.lp_outbox.pop_if(|lp| lp.id == token);
             return Progress::Finished(FinishReason::Stop);
         }
         self.tokens.push(token);
@@ -289,17 +317,27 @@ impl Sequence {
         let Client::Generate(events) = &self.client else {
             return true;
         };
-        if self.outbox.is_empty() {
-            return !events.is_closed();
-        }
-        match events.try_send(Event::Text(std::mem::take(&mut self.outbox))) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(Event::Text(back))) => {
-                self.outbox = back;
-                true
+        if !self.outbox.is_empty() {
+            match events.try_send(Event::Text(std::mem::take(&mut self.outbox))) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(Event::Text(back))) => {
+                    self.outbox = back;
+                    return true;
+                }
+                Err(_) => return false,
             }
-            Err(_) => false,
         }
+        if !self.lp_outbox.is_empty() {
+            match events.try_send(Event::Logprobs(std::mem::take(&mut self.lp_outbox))) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(Event::Logprobs(back))) => {
+                    self.lp_outbox = back;
+                    return true;
+                }
+                Err(_) => return false,
+            }
+        }
+        !events.is_closed()
     }
 
     fn metrics(&self) -> Metrics {
@@ -342,6 +380,9 @@ impl Sequence {
                 let mut queue = VecDeque::new();
                 if !self.outbox.is_empty() {
                     queue.push_back(Event::Text(self.outbox));
+                }
+                if !self.lp_outbox.is_empty() {
+                    queue.push_back(Event::Logprobs(self.lp_outbox));
                 }
                 queue.push_back(Event::Done { reason, metrics });
                 Pending::Events { events, queue }

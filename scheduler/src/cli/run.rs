@@ -88,6 +88,7 @@ async fn answer(
             // Not asked for (the chat shows the model's text as it is).
             Some(pb::generate_response::Event::Thinking(_))
             | Some(pb::generate_response::Event::ToolCall(_))
+            | Some(pb::generate_response::Event::Logprobs(_))
             | None => {}
         }
     }

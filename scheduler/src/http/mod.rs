@@ -8,6 +8,7 @@
 //! Around both: an optional bearer token (GROVE_API_KEY) that every call,
 //! HTTP or gRPC, must carry; CORS for the configured origins only
 //! (GROVE_ORIGINS, off by default); a request body limit (GROVE_MAX_BODY).
+mod logprobs;
 pub mod ollama;
 mod ollama_types;
 pub mod openai;

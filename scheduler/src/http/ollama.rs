@@ -21,6 +21,7 @@ use pb::generate_response::Event as Ev;
 use serde_json::{Value, json};
 use tonic::{Request, Status};
 
+use super::logprobs as lp;
 use super::ollama_types::{
     self as t, ChatRequest, GenerateRequest, ModelRequest, keep_alive, options, think,
 };
@@ -160,6 +161,7 @@ async fn load_or_unload(api: &Api, model: String, keep: Option<i64>, line: Value
 async fn reply(
     stream: GenStream,
     streaming: bool,
+    logprobs: bool,
     line: impl Fn(&str, &str, Value) -> Value + Send + 'static,
 ) -> Response {
     if !streaming {
@@ -171,6 +173,9 @@ async fn reply(
                     tool_calls_json(&w.tool_calls, 0)
                 };
                 let mut v = line(&w.text, &w.thinking, calls);
+                if logprobs {
+                    v["logprobs"] = lp::ollama(&w.logprobs);
+                }
                 final_fields(&mut v, &w.done);
                 super::json(StatusCode::OK, &v)
             }
@@ -182,6 +187,11 @@ async fn reply(
         Ok(pb::GenerateResponse { event: Some(e) }) => match e {
             Ev::Text(t) => line(&t, "", Value::Null),
             Ev::Thinking(t) => line("", &t, Value::Null),
+            Ev::Logprobs(l) => {
+                let mut v = line("", "", Value::Null);
+                v["logprobs"] = lp::ollama(&l.tokens);
+                v
+            }
             Ev::ToolCall(c) => {
                 calls += 1;
                 line("", "", tool_calls_json(std::slice::from_ref(&c), calls - 1))
@@ -200,10 +210,10 @@ async fn reply(
 
 async fn chat(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) -> Response {
     let req: ChatRequest = tri!(parse(body));
-    let logprobs = req.logprobs == Some(true) || req.top_logprobs.is_some();
-    tri!(t::unsupported(false, logprobs).map_err(bad));
+    let top = tri!(t::top_logprobs(req.logprobs, req.top_logprobs).map_err(bad));
     let keep = tri!(keep_alive(req.keep_alive.as_ref()).map_err(bad));
     let mut opts = tri!(options(req.options.as_ref()).map_err(bad));
+    opts.top_logprobs = top;
     opts.constraint = tri!(t::format(req.format.as_ref()).map_err(bad));
     let thinking = tri!(think(req.think.as_ref()).map_err(bad));
     let model = req.model.clone();
@@ -247,14 +257,14 @@ async fn chat(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) 
         Ok(s) => s.into_inner(),
         Err(s) => return status_error(&s),
     };
-    reply(stream, req.stream.unwrap_or(true), line).await
+    reply(stream, req.stream.unwrap_or(true), top.is_some(), line).await
 }
 
 async fn generate(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) -> Response {
     let req: GenerateRequest = tri!(parse(body));
-    let logprobs = req.logprobs == Some(true) || req.top_logprobs.is_some();
+    let top = tri!(t::top_logprobs(req.logprobs, req.top_logprobs).map_err(bad));
     let images = req.images.as_ref().is_some_and(|v| !v.is_empty());
-    tri!(t::unsupported(images, logprobs).map_err(bad));
+    tri!(t::unsupported(images).map_err(bad));
     if req.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
         return bad("suffix (fill in the middle) is not supported");
     }
@@ -268,6 +278,7 @@ async fn generate(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejectio
     }
     let keep = tri!(keep_alive(req.keep_alive.as_ref()).map_err(bad));
     let mut opts = tri!(options(req.options.as_ref()).map_err(bad));
+    opts.top_logprobs = top;
     opts.constraint = tri!(t::format(req.format.as_ref()).map_err(bad));
     let thinking = tri!(think(req.think.as_ref()).map_err(bad));
     let model = req.model.clone();
@@ -319,7 +330,7 @@ async fn generate(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejectio
         api.chat(Request::new(request)).await
     };
     match result {
-        Ok(s) => reply(s.into_inner(), streaming, line).await,
+        Ok(s) => reply(s.into_inner(), streaming, top.is_some(), line).await,
         Err(s) => status_error(&s),
     }
 }

@@ -327,14 +327,22 @@ pub fn format(f: Option<&Value>) -> Result<Option<pb::Constraint>, String> {
 }
 
 /// Refuses what Grove does not do.
-pub fn unsupported(images: bool, logprobs: bool) -> Result<(), String> {
+pub fn unsupported(images: bool) -> Result<(), String> {
     if images {
         return Err("images are not supported: Grove runs text models".into());
     }
-    if logprobs {
-        return Err("logprobs are not supported".into());
-    }
     Ok(())
+}
+
+/// `logprobs` and `top_logprobs` (0 to 20 alternatives) as the runner's
+/// option: set when log-probabilities are wanted.
+pub fn top_logprobs(logprobs: Option<bool>, top: Option<u32>) -> Result<Option<u32>, String> {
+    match (logprobs, top) {
+        (Some(true), Some(n)) if n > 20 => Err(format!("top_logprobs is 0 to 20, not {n}")),
+        (Some(true), n) => Ok(Some(n.unwrap_or(0))),
+        (_, Some(n)) if n > 0 => Err("top_logprobs needs logprobs: true".into()),
+        _ => Ok(None),
+    }
 }
 
 /// A chat message as Grove's.

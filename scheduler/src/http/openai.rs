@@ -20,6 +20,7 @@ use pb::generate_response::Event as Ev;
 use serde_json::{Value, json};
 use tonic::{Request, Status};
 
+use super::logprobs as lp;
 use super::openai_types::{ChatCompletionRequest, CompletionRequest, Invalid};
 use super::stream::{GenStream, Whole, finish_reason, whole};
 use super::{http_status, unix_now};
@@ -236,7 +237,14 @@ async fn chat(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) 
         return match futures_util::future::try_join_all(streams.into_iter().map(whole)).await {
             Ok(w) => super::json(
                 StatusCode::OK,
-                &chat_whole(&id, created, &model, &w, chat.legacy_functions),
+                &chat_whole(
+                    &id,
+                    created,
+                    &model,
+                    &w,
+                    chat.legacy_functions,
+                    chat.logprobs,
+                ),
             ),
             Err(s) => status_error(&s),
         };
@@ -263,6 +271,11 @@ async fn chat(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) 
             Ok(pb::GenerateResponse { event: Some(e) }) => match e {
                 Ev::Text(t) => vec![chunk(i, json!({"content": t}), None)],
                 Ev::Thinking(t) => vec![chunk(i, json!({"reasoning_content": t}), None)],
+                Ev::Logprobs(l) => {
+                    let mut c = chunk(i, json!({}), None);
+                    c["choices"][0]["logprobs"] = lp::chat(&l.tokens);
+                    vec![c]
+                }
                 Ev::ToolCall(c) => {
                     calls[i] += 1;
                     let delta = if legacy && calls[i] == 1 {
@@ -308,7 +321,14 @@ fn legacy_finish(reason: &'static str, legacy: bool) -> &'static str {
     }
 }
 
-fn chat_whole(id: &str, created: i64, model: &str, ws: &[Whole], legacy: bool) -> Value {
+fn chat_whole(
+    id: &str,
+    created: i64,
+    model: &str,
+    ws: &[Whole],
+    legacy: bool,
+    logprobs: bool,
+) -> Value {
     let choices: Vec<Value> = ws
         .iter()
         .enumerate()
@@ -333,7 +353,8 @@ fn chat_whole(id: &str, created: i64, model: &str, ws: &[Whole], legacy: bool) -
                     .collect();
             }
             let finish = legacy_finish(finish_reason(&w.done), legacy);
-            json!({"index": i, "message": message, "logprobs": null, "finish_reason": finish})
+            let lp = if logprobs { lp::chat(&w.logprobs) } else { Value::Null };
+            json!({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
         })
         .collect();
     json!({
@@ -370,13 +391,20 @@ async fn completions(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejec
         v
     };
     let choice = |i: usize, text: &str, finish: Option<&str>| json!({"text": text, "index": i, "logprobs": null, "finish_reason": finish});
+    let with_logprobs = c.logprobs;
     if !c.stream {
         return match futures_util::future::try_join_all(streams.into_iter().map(whole)).await {
             Ok(ws) => {
                 let choices: Vec<Value> = ws
                     .iter()
                     .enumerate()
-                    .map(|(i, w)| choice(i, &w.text, Some(finish_reason(&w.done))))
+                    .map(|(i, w)| {
+                        let mut v = choice(i, &w.text, Some(finish_reason(&w.done)));
+                        if with_logprobs {
+                            v["logprobs"] = lp::completion(&w.logprobs, 0).0;
+                        }
+                        v
+                    })
                     .collect();
                 let usage = Totals::of(&ws).json();
                 super::json(StatusCode::OK, &body(json!(choices), Some(usage)))
@@ -386,11 +414,22 @@ async fn completions(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejec
     }
     let (include_usage, n) = (c.include_usage, c.n as usize);
     let mut ending = Ending::new(n);
+    // Where each choice's next token starts in its text (text_offset).
+    let mut offsets = vec![0usize; n];
     let events = merged(streams).flat_map(move |(i, item)| {
         let out: Vec<Value> = match item {
             Ok(pb::GenerateResponse {
                 event: Some(Ev::Text(t)),
             }) => vec![body(json!([choice(i, &t, None)]), None)],
+            Ok(pb::GenerateResponse {
+                event: Some(Ev::Logprobs(l)),
+            }) => {
+                let (v, end) = lp::completion(&l.tokens, offsets[i]);
+                offsets[i] = end;
+                let mut c = choice(i, "", None);
+                c["logprobs"] = v;
+                vec![body(json!([c]), None)]
+            }
             Ok(pb::GenerateResponse {
                 event: Some(Ev::Done(d)),
             }) => {

@@ -255,6 +255,19 @@ fn options(s: Sampling) -> Result<pb::Options, Invalid> {
     })
 }
 
+/// The most alternatives a token's log-probability comes with.
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+fn top_count(field: &'static str, n: u32) -> Result<u32, Invalid> {
+    if n > MAX_TOP_LOGPROBS {
+        return Err(invalid(
+            field,
+            format!("{field} is 0 to {MAX_TOP_LOGPROBS}, not {n}"),
+        ));
+    }
+    Ok(n)
+}
+
 /// The most choices one request may ask for.
 pub const MAX_CHOICES: u32 = 8;
 
@@ -426,6 +439,8 @@ pub struct Chat {
     /// The request used the legacy `functions`: the reply's first call is
     /// `function_call`, its finish reason "function_call".
     pub legacy_functions: bool,
+    /// Each choice carries its tokens' log-probabilities.
+    pub logprobs: bool,
 }
 
 impl ChatCompletionRequest {
@@ -465,12 +480,13 @@ impl ChatCompletionRequest {
                 "predicted outputs are not supported; prediction must be null",
             ));
         }
-        if self.logprobs == Some(true) || self.top_logprobs.is_some_and(|n| n > 0) {
-            return Err(invalid(
-                "logprobs",
-                "Grove does not return log probabilities",
-            ));
-        }
+        let top_logprobs = match (self.logprobs, self.top_logprobs) {
+            (Some(true), n) => Some(top_count("top_logprobs", n.unwrap_or(0))?),
+            (_, Some(n)) if n > 0 => {
+                return Err(invalid("top_logprobs", "top_logprobs needs logprobs: true"));
+            }
+            _ => None,
+        };
         if self.parallel_tool_calls == Some(false) {
             return Err(invalid(
                 "parallel_tool_calls",
@@ -559,6 +575,7 @@ impl ChatCompletionRequest {
             options.max_tokens = None;
         }
         options.constraint = constraint;
+        options.top_logprobs = top_logprobs;
         let tools_json = if use_tools {
             tools.iter().map(Value::to_string).collect()
         } else {
@@ -579,6 +596,7 @@ impl ChatCompletionRequest {
             include_usage,
             n,
             legacy_functions,
+            logprobs: top_logprobs.is_some(),
         })
     }
 }
@@ -629,6 +647,8 @@ pub struct Completion {
     pub stream: bool,
     pub include_usage: bool,
     pub n: u32,
+    /// Each choice carries its tokens' log-probabilities (legacy shape).
+    pub logprobs: bool,
 }
 
 impl CompletionRequest {
@@ -640,12 +660,10 @@ impl CompletionRequest {
         if self.echo == Some(true) {
             return Err(invalid("echo", "echo is not supported"));
         }
-        if self.logprobs.is_some() {
-            return Err(invalid(
-                "logprobs",
-                "Grove does not return log probabilities",
-            ));
-        }
+        let top_logprobs = self
+            .logprobs
+            .map(|n| top_count("logprobs", n))
+            .transpose()?;
         if self.suffix.is_some() {
             return Err(invalid(
                 "suffix",
@@ -657,7 +675,7 @@ impl CompletionRequest {
             v if v.len() == 1 => v.into_iter().next().unwrap_or_default(),
             _ => return Err(invalid("prompt", "give one prompt (a string)")),
         };
-        let options = options(Sampling {
+        let mut options = options(Sampling {
             temperature: self.temperature,
             top_p: self.top_p,
             max_tokens: Some(self.max_tokens.unwrap_or(COMPLETION_DEFAULT_MAX_TOKENS)),
@@ -670,6 +688,7 @@ impl CompletionRequest {
             min_p: self.min_p,
             repetition_penalty: self.repetition_penalty,
         })?;
+        options.top_logprobs = top_logprobs;
         Ok(Completion {
             request: pb::GenerateRequest {
                 shards: None,
@@ -681,6 +700,7 @@ impl CompletionRequest {
             stream: self.stream,
             include_usage,
             n,
+            logprobs: top_logprobs.is_some(),
         })
     }
 }
@@ -720,13 +740,27 @@ mod tests {
         assert!(refused(r#", "audio": {"voice": "alloy", "format": "wav"}"#).contains("audio"));
         let p = r#", "prediction": {"type": "content", "content": "x"}"#;
         assert!(refused(p).contains("prediction"));
-        assert!(refused(r#", "top_logprobs": 2"#).contains("logprobs"));
+        assert!(refused(r#", "top_logprobs": 2"#).contains("needs logprobs: true"));
+        let many = r#", "logprobs": true, "top_logprobs": 21"#;
+        assert!(refused(many).contains("top_logprobs is 0 to 20"));
         assert!(refused(r#", "verbosity": "low""#).contains("verbosity"));
         assert!(refused(r#", "n": 9"#).contains("n is 1 to 8"));
         assert!(refused(r#", "n": 0"#).contains("n is 1 to 8"));
         assert_eq!(chat(r#", "n": 4"#).expect("taken").n, 4);
         assert!(refused(r#", "reasoning_effort": "extreme""#).contains("reasoning_effort"));
         assert!(refused(r#", "web_search_options": {}"#).contains("do not search the web"));
+    }
+
+    #[test]
+    fn logprobs_go_to_the_runner() {
+        let c = chat(r#", "logprobs": true, "top_logprobs": 3"#).expect("taken");
+        assert!(c.logprobs);
+        assert_eq!(c.request.options.and_then(|o| o.top_logprobs), Some(3));
+        let c = chat(r#", "logprobs": true"#).expect("taken");
+        assert_eq!(c.request.options.and_then(|o| o.top_logprobs), Some(0));
+        let c = chat(r#", "logprobs": false, "top_logprobs": 0"#).expect("taken");
+        assert!(!c.logprobs);
+        assert_eq!(c.request.options.and_then(|o| o.top_logprobs), None);
     }
 
     #[test]

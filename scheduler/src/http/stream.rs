@@ -15,6 +15,8 @@ pub struct Whole {
     pub text: String,
     pub thinking: String,
     pub tool_calls: Vec<pb::ToolCall>,
+    /// Each generated token's log-probability (when asked for).
+    pub logprobs: Vec<pb::TokenLogprob>,
     pub done: pb::Done,
 }
 
@@ -32,6 +34,7 @@ pub async fn whole(mut stream: GenStream) -> Result<Whole, Status> {
             Some(Event::Text(t)) => out.text.push_str(&t),
             Some(Event::Thinking(t)) => out.thinking.push_str(&t),
             Some(Event::ToolCall(c)) => out.tool_calls.push(c),
+            Some(Event::Logprobs(l)) => out.logprobs.extend(l.tokens),
             Some(Event::Done(d)) => {
                 out.done = d;
                 return Ok(out);
