@@ -18,6 +18,7 @@
 //!   per-backend dtype policy, layers and one file per architecture (llama,
 //!   mistral, qwen2, qwen3).
 //! - [`import`]: a GGUF file written out as an MLX model directory.
+//! - [`logprobs`]: generated tokens' log-probabilities (top_logprobs).
 //! - [`shard`]: tensor parallelism over MLX distributed: the group (ring or
 //!   NCCL), each rank's slice of the weights, the launcher of a group.
 //! - [`cache`]: per-layer KV buffers grown in 256-token steps, for one
@@ -52,6 +53,7 @@ pub mod generate;
 pub mod grammar;
 pub mod harmony;
 pub mod import;
+pub mod logprobs;
 pub mod memory;
 pub mod model;
 pub mod output;

@@ -20,11 +20,11 @@ use crate::chat_template::{ChatRequest, Message, Role};
 use crate::engine::{Activity, Engine, EngineConfig, Event, LoadState, Snapshot};
 use crate::generate::FinishReason;
 use crate::grammar::Constraint;
+use crate::logprobs::TokenLogprob;
 use crate::memory::MemorySource;
 use crate::model::Architecture;
 use crate::reply::{self, Reply};
 use crate::request::{Prompt, job, runner_status, submit_status, template_vars, tools};
-use crate::sample::TokenLogprob;
 use crate::tool_choice;
 
 /// How `serve` is set up.

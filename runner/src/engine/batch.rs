@@ -16,8 +16,8 @@ use super::sequence::{Progress, Sequence};
 use crate::cache::{BatchKvCache, CacheKind, KvSetting, LayerKv};
 use crate::error::{MlxPhase, Result};
 use crate::generate::FinishReason;
+use crate::logprobs::{PendingLogprob, token_logprobs};
 use crate::model::Model;
-use crate::sample::{PendingLogprob, token_logprobs};
 
 /// A sequence that left the batch, with how it ended.
 pub struct Left {

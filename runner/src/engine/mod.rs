@@ -28,9 +28,9 @@ use crate::cache::KvSetting;
 use crate::chat::ChatParts;
 use crate::error::{Result, RunnerError};
 use crate::generate::{FinishReason, GenerateParams};
+use crate::logprobs::TokenLogprob;
 use crate::memory::Budget;
 use crate::model::{Architecture, QuantParams};
-use crate::sample::TokenLogprob;
 
 /// How the engine is set up.
 #[derive(Debug, Clone)]

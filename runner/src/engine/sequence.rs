@@ -16,7 +16,8 @@ use crate::detokenize::{Detokenizer, TokenTable};
 use crate::error::{MlxPhase, Result, RunnerError};
 use crate::generate::FinishReason;
 use crate::grammar::Grammar;
-use crate::sample::{PendingLogprob, Sampler, TokenLogprob, token_logprobs};
+use crate::logprobs::{PendingLogprob, TokenLogprob, token_logprobs};
+use crate::sample::Sampler;
 use crate::stop::StopMatcher;
 
 /// Who is waiting for the sequence.
