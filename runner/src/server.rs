@@ -363,7 +363,7 @@ fn logprobs_message(parts: &ChatParts, tokens: Vec<TokenLogprob>) -> pb::Generat
     }
 }
 
-fn done_of(reason: FinishReason, m: crate::engine::Metrics) -> pb::Done {
+fn done_of(reason: FinishReason, m: crate::engine::Metrics, stop: Option<String>) -> pb::Done {
     let reason = match reason {
         FinishReason::Stop => pb::DoneReason::Stop,
         FinishReason::Length => pb::DoneReason::Length,
@@ -381,6 +381,7 @@ fn done_of(reason: FinishReason, m: crate::engine::Metrics) -> pb::Done {
             constraint_ns: m.constraint.as_nanos() as u64,
             constraint_steps: m.constraint_steps,
         }),
+        stop_sequence: stop.unwrap_or_default(),
     }
 }
 
@@ -505,9 +506,16 @@ impl Runner for Service {
                         Some(parts) => vec![Ok(logprobs_message(parts, tokens))],
                         None => continue,
                     },
-                    (Event::Done { reason, metrics }, Some(_)) => reply
+                    (
+                        Event::Done {
+                            reason,
+                            metrics,
+                            stop,
+                        },
+                        Some(_),
+                    ) => reply
                         .take()
-                        .map(|r| r.done(done_of(reason, metrics)))
+                        .map(|r| r.done(done_of(reason, metrics, stop)))
                         .unwrap_or_default()
                         .into_iter()
                         .map(Ok)

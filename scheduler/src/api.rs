@@ -180,6 +180,7 @@ fn done(d: rpb::Done, load: Duration, started: Instant) -> pb::GenerateResponse 
                 constraint_ns: m.constraint_ns,
                 constraint_steps: m.constraint_steps,
             }),
+            stop_sequence: d.stop_sequence,
         })),
     }
 }

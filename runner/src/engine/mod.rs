@@ -202,6 +202,8 @@ pub enum Event {
     Done {
         reason: FinishReason,
         metrics: Metrics,
+        /// The stop string that ended the reply, if one did.
+        stop: Option<String>,
     },
     /// The request failed (before `Started`: it was never accepted).
     Error(RunnerError),

@@ -376,6 +376,10 @@ impl Sequence {
             self.outbox.push_str(&last.text);
         }
         let metrics = self.metrics();
+        let stop = self
+            .stops
+            .stopped()
+            .and_then(|i| self.stops.stops().get(i).cloned());
         match self.client {
             Client::Generate(events) => {
                 let mut queue = VecDeque::new();
@@ -385,7 +389,11 @@ impl Sequence {
                 if !self.lp_outbox.is_empty() {
                     queue.push_back(Event::Logprobs(self.lp_outbox));
                 }
-                queue.push_back(Event::Done { reason, metrics });
+                queue.push_back(Event::Done {
+                    reason,
+                    metrics,
+                    stop,
+                });
                 Pending::Events { events, queue }
             }
             Client::Prewarm(reply) => Pending::Reply {
