@@ -80,11 +80,13 @@ $(GROVE_HOME)/.mlx-c-stamp:
 
 # The HTTP API tests' clients, as users install them from PyPI (with their
 # dependencies, apart from the reference packages above).
+# The stamp names the set, so that a checkout with an older set installs anew.
 CLIENTS_DIR := $(GROVE_HOME)/clients
-$(GROVE_HOME)/.clients-stamp:
+CLIENTS_STAMP := $(GROVE_HOME)/.clients-openai-ollama-anthropic-stamp
+$(CLIENTS_STAMP):
 	@mkdir -p $(GROVE_HOME)
-	@echo "setup: the openai and ollama Python clients into $(CLIENTS_DIR)"
-	$(PIP) $(CLIENTS_DIR) openai==3.54.0 ollama==0.6.3
+	@echo "setup: the openai, ollama and anthropic Python clients into $(CLIENTS_DIR)"
+	$(PIP) $(CLIENTS_DIR) openai==3.54.0 ollama==0.6.3 anthropic==2.14.0
 	@touch $@
 
 $(GROVE_HOME)/.cuda-stamp:
@@ -166,7 +168,7 @@ $(GROVE_HOME)/tools/bin/cargo-nextest:
 	@echo "setup: cargo-nextest into $(GROVE_HOME)/tools (no cargo-nextest on PATH)"
 	$(CARGO) install --locked --root $(GROVE_HOME)/tools cargo-nextest
 
-test: build fixtures real-models $(GROVE_HOME)/.clients-stamp $(NEXTEST_BIN)
+test: build fixtures real-models $(CLIENTS_STAMP) $(NEXTEST_BIN)
 	PATH="$(dir $(NEXTEST_BIN)):$$PATH" $(CARGO) nextest run $(CARGO_FLAGS) --workspace --no-fail-fast
 	$(CARGO) test $(CARGO_FLAGS) --workspace --doc
 

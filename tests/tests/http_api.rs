@@ -1,5 +1,6 @@
-//! The daemon's HTTP APIs (OpenAI's and ollama's) on its gRPC address: the
-//! PyPI `openai` and `ollama` clients against a real daemon, and raw HTTP
+//! The daemon's HTTP APIs (OpenAI's, ollama's, Anthropic's Messages) on its
+//! gRPC address: the PyPI `openai`, `anthropic` and `ollama` clients against
+//! a real daemon, and raw HTTP
 //! for what clients never send (malformed bodies, huge bodies, missing keys,
 //! a client that leaves mid-stream).
 use std::time::{Duration, Instant};
@@ -70,6 +71,11 @@ async fn openai_and_ollama_clients_from_pypi() -> Result<()> {
     let b = base.clone();
     let out =
         tokio::task::spawn_blocking(move || python_client("openai_client.py", &[&b, KEY, REPO]))
+            .await??;
+    eprintln!("{out}");
+    let b = base.clone();
+    let out =
+        tokio::task::spawn_blocking(move || python_client("anthropic_client.py", &[&b, KEY, REPO]))
             .await??;
     eprintln!("{out}");
     // The ollama script pulls again (from the cache), then deletes the model.

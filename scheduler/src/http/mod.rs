@@ -1,13 +1,16 @@
-//! The daemon's HTTP/JSON APIs, OpenAI's ([`openai`]) and ollama's
-//! ([`ollama`]), on the same address as its gRPC API: gRPC paths
+//! The daemon's HTTP/JSON APIs, OpenAI's ([`openai`]), ollama's
+//! ([`ollama`]) and Anthropic's Messages ([`anthropic`]), on the same
+//! address as its gRPC API: gRPC paths
 //! (`/grove.v1.Grove/…`) and HTTP paths (`/v1/…`, `/api/…`) share one
 //! router. Every handler calls the same [`Api`] the gRPC service is, so a
 //! request takes one path to the scheduler and the runner whichever way it
 //! came; only the JSON is translated here.
 //!
-//! Around both: an optional bearer token (GROVE_API_KEY) that every call,
-//! HTTP or gRPC, must carry; CORS for the configured origins only
+//! Around them: an optional key (GROVE_API_KEY) that every call, HTTP or
+//! gRPC, must carry (as a bearer token, or Anthropic's `x-api-key`); CORS for the configured origins only
 //! (GROVE_ORIGINS, off by default); a request body limit (GROVE_MAX_BODY).
+pub mod anthropic;
+mod anthropic_types;
 mod logprobs;
 pub mod ollama;
 mod ollama_types;
@@ -59,6 +62,7 @@ pub fn routes(api: Arc<Api>, config: &HttpConfig) -> Router {
     let router = Router::new()
         .merge(openai::routes())
         .merge(ollama::routes())
+        .merge(anthropic::routes())
         .with_state(api)
         .layer(DefaultBodyLimit::max(config.max_body_bytes));
     match cors(&config.cors_origins) {
@@ -84,12 +88,21 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
         CorsLayer::new()
             .allow_origin(allow)
             .allow_methods([Method::GET, Method::POST, Method::DELETE, Method::OPTIONS])
-            .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE]),
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                header::HeaderName::from_static(API_KEY_HEADER),
+                header::HeaderName::from_static("anthropic-version"),
+            ]),
     )
 }
 
-/// Requires `Authorization: Bearer KEY` on every request (HTTP and gRPC)
-/// when a key is set; CORS preflights (OPTIONS) carry none and pass.
+/// Anthropic's header for the key.
+const API_KEY_HEADER: &str = "x-api-key";
+
+/// Requires `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every
+/// request (HTTP and gRPC) when a key is set; CORS preflights (OPTIONS)
+/// carry none and pass.
 pub fn with_auth(router: Router, key: Option<String>) -> Router {
     let Some(key) = key else { return router };
     let key = Arc::new(key);
@@ -100,9 +113,10 @@ pub fn with_auth(router: Router, key: Option<String>) -> Router {
                 if req.method() == Method::OPTIONS || authorized(&req, &key) {
                     return next.run(req).await;
                 }
-                let missing = !req.headers().contains_key(header::AUTHORIZATION);
+                let missing = !req.headers().contains_key(header::AUTHORIZATION)
+                    && !req.headers().contains_key(API_KEY_HEADER);
                 let message = if missing {
-                    "this server needs an API key: send `Authorization: Bearer KEY` (GROVE_API_KEY)"
+                    "this server needs an API key: send `Authorization: Bearer KEY` or `x-api-key: KEY` (GROVE_API_KEY)"
                 } else {
                     "the API key is wrong"
                 };
@@ -114,7 +128,9 @@ pub fn with_auth(router: Router, key: Option<String>) -> Router {
                 if grpc {
                     return tonic::Status::unauthenticated(message).into_http::<Body>();
                 }
-                if req.uri().path().starts_with("/api") {
+                if req.uri().path().starts_with("/v1/messages") {
+                    anthropic::error(StatusCode::UNAUTHORIZED, message)
+                } else if req.uri().path().starts_with("/api") {
                     ollama::error(StatusCode::UNAUTHORIZED, message)
                 } else {
                     openai::error(StatusCode::UNAUTHORIZED, message, "invalid_api_key")
@@ -125,10 +141,17 @@ pub fn with_auth(router: Router, key: Option<String>) -> Router {
 }
 
 fn authorized(req: &Request<Body>, key: &str) -> bool {
-    let Some(value) = req.headers().get(header::AUTHORIZATION) else {
-        return false;
-    };
-    let Some(given) = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")) else {
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let given = bearer.or_else(|| {
+        req.headers()
+            .get(API_KEY_HEADER)
+            .and_then(|v| v.to_str().ok())
+    });
+    let Some(given) = given else {
         return false;
     };
     // Compared in time independent of where the first difference is.
