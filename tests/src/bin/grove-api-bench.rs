@@ -4,8 +4,10 @@
 //! 1. One greedy chat (the prompt cached after a warm-up), `TOKENS` new
 //!    tokens, `ROUNDS` times each way, interleaved: gRPC `Chat`, OpenAI's
 //!    `/v1/chat/completions` streamed (SSE) and not, ollama's `/api/chat`
-//!    streamed (NDJSON). The HTTP overhead is the difference of the median
-//!    wall times, as a share of gRPC's decode time.
+//!    streamed (NDJSON), Anthropic's `/v1/messages` streamed, and OpenAI's
+//!    SSE with `logprobs` (5 alternatives: the engine's log-softmax and
+//!    top-k per token, and their JSON). The HTTP overhead is the difference
+//!    of the median wall times, as a share of gRPC's decode time.
 //! 2. The same chat constrained to a JSON schema: the grammar's time per
 //!    token (Metrics.constraint_ns / constraint_steps) and decode time per
 //!    token against the free chat.
@@ -93,15 +95,21 @@ async fn main() -> Result<()> {
     };
     let ollama = json!({"model": model, "messages": [{"role": "user", "content": PROMPT}],
                         "options": {"num_predict": tokens, "temperature": 0}});
+    let anthropic = json!({"model": model, "messages": [{"role": "user", "content": PROMPT}],
+                           "max_tokens": tokens, "temperature": 0, "stream": true});
+    let mut with_logprobs = openai(true);
+    with_logprobs["logprobs"] = json!(true);
+    with_logprobs["top_logprobs"] = json!(5);
     // Warm-up: load, and put the prompt in the prompt cache.
     let mut c = d.client().await?;
     let (_, m) = grpc(&mut c, chat(&model, tokens, None)).await?;
     let generated = m.eval_tokens;
     let (mut g, mut decode, mut sse, mut whole, mut nd) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut messages, mut lp) = (vec![], vec![]);
     for round in 0..rounds {
         // Each way goes first in turn, so none always follows another.
-        for k in 0..4 {
-            match (round + k) % 4 {
+        for k in 0..6 {
+            match (round + k) % 6 {
                 0 => {
                     let (wall, m) = grpc(&mut c, chat(&model, tokens, None)).await?;
                     g.push(wall);
@@ -125,7 +133,11 @@ async fn main() -> Result<()> {
                     }
                     whole.push(t.elapsed());
                 }
-                _ => nd.push(http_stream(&d, "/api/chat", &ollama, "\"done\":true").await?),
+                3 => nd.push(http_stream(&d, "/api/chat", &ollama, "\"done\":true").await?),
+                4 => messages
+                    .push(http_stream(&d, "/v1/messages", &anthropic, "\"message_stop\"").await?),
+                _ => lp
+                    .push(http_stream(&d, "/v1/chat/completions", &with_logprobs, "[DONE]").await?),
             }
         }
     }
@@ -143,6 +155,8 @@ async fn main() -> Result<()> {
         ("OpenAI SSE", sse),
         ("OpenAI not streamed", whole),
         ("ollama NDJSON", nd),
+        ("Anthropic SSE", messages),
+        ("OpenAI SSE, logprobs (5)", lp),
     ] {
         let least = *v.iter().min().context("no rounds")?;
         let m = median(v);
