@@ -26,6 +26,8 @@ pub struct Api {
     /// Turns true when the daemon starts shutting down: every relay then ends
     /// its stream with UNAVAILABLE at once.
     pub closing: tokio::sync::watch::Receiver<bool>,
+    /// Recent Responses API replies, for `previous_response_id`.
+    pub responses: crate::http::responses::ResponseStore,
 }
 
 type GenStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send>>;

@@ -90,6 +90,7 @@ pub async fn run(
         store,
         ollama: OllamaStore::from_env(),
         closing,
+        responses: crate::http::responses::ResponseStore::start(),
     });
     eprintln!(
         "grove: listening on {} (budget {} MiB, up to {} models, keep_alive {:?})",

@@ -167,6 +167,62 @@ c = client.completions.create(model=model, prompt="Once upon a time", max_tokens
 show("completions.create", c.model_dump(exclude_none=True))
 assert c.choices[0].finish_reason == "length" and c.usage.completion_tokens == 5
 
+# The Responses API: whole and streamed alike; previous_response_id continues
+# the conversation as the explicit history would; store=False is not kept.
+ask = "What is the capital of France?"
+rr = client.responses.create(model=model, input=ask, instructions="Answer briefly.", max_output_tokens=8)
+show("responses.create(max_output_tokens=8)", rr.model_dump(exclude_none=True))
+assert rr.status == "incomplete" and rr.incomplete_details.reason == "max_output_tokens"
+assert rr.output_text and rr.usage.output_tokens == 8 and rr.output[0].type == "message"
+# (The SDK's stream helper takes only response.completed as final; a reply cut
+# by max_output_tokens ends with response.incomplete, as OpenAI's does.)
+with client.responses.stream(model=model, input=ask, instructions="Answer briefly.", max_output_tokens=8) as s:
+    events = list(s)
+deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+show("responses.stream(): event types", [e.type for e in events])
+assert events[-1].type == "response.incomplete" and deltas == rr.output_text
+assert events[-1].response.output[0].content[0].text == deltas
+with client.responses.stream(model=model, input=ask, max_output_tokens=300,
+                             text={"format": {"type": "json_object"}}) as s:
+    final = s.get_final_response()
+show("responses.stream(json_object): final", final.output_text)
+assert final.status == "completed" and isinstance(json.loads(final.output_text), dict)
+follow = client.responses.create(model=model, input="And of Italy?", previous_response_id=rr.id, max_output_tokens=2)
+explicit = client.responses.create(model=model, max_output_tokens=2, input=[
+    {"role": "user", "content": ask}, {"role": "assistant", "content": rr.output_text},
+    {"role": "user", "content": [{"type": "input_text", "text": "And of Italy?"}]}])
+alone = client.responses.create(model=model, input="And of Italy?", max_output_tokens=2)
+show("input tokens: previous_response_id, explicit history, alone",
+     [follow.usage.input_tokens, explicit.usage.input_tokens, alone.usage.input_tokens])
+assert follow.usage.input_tokens == explicit.usage.input_tokens > alone.usage.input_tokens
+assert follow.output_text == explicit.output_text
+unkept = client.responses.create(model=model, input=ask, store=False, max_output_tokens=1)
+try:
+    client.responses.create(model=model, input="Hi", previous_response_id=unkept.id, max_output_tokens=1)
+    raise AssertionError("a response with store=False was remembered")
+except openai.NotFoundError as e:
+    show("previous_response_id of a store=False response -> NotFoundError", e.body)
+rtools = [{"type": "function", "name": "get_weather", "parameters": weather[0]["function"]["parameters"]}]
+fr = client.responses.create(model=model, input=ask, tools=rtools, tool_choice="required", max_output_tokens=300)
+calls = [o for o in fr.output if o.type == "function_call"]
+show("responses: tool_choice=required", [c.model_dump() for c in calls])
+assert calls and calls[0].name == "get_weather" and json.loads(calls[0].arguments)["city"] in ("Paris", "Rome")
+fo = client.responses.create(model=model, previous_response_id=fr.id, tools=rtools, max_output_tokens=4,
+                             input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "22 C"}])
+assert fo.usage.input_tokens > fr.usage.input_tokens
+person = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+          "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"], "additionalProperties": False}
+js = client.responses.create(model=model, input="A person, as JSON", max_output_tokens=200,
+                             text={"format": {"type": "json_schema", "name": "person", "schema": person, "strict": True}})
+show("responses: text.format json_schema", js.output_text)
+assert js.status == "completed" and set(json.loads(js.output_text)) == {"name", "age"}
+for bad_kw in ({"background": True}, {"truncation": "auto"}, {"tools": [{"type": "web_search"}]}):
+    try:
+        client.responses.create(model=model, input="Hi", **bad_kw)
+        raise AssertionError(f"{bad_kw} was accepted")
+    except openai.BadRequestError as e:
+        show(f"responses {bad_kw} -> BadRequestError", e.body)
+
 
 def expect(error, title, **kw):
     try:

@@ -1,5 +1,6 @@
-//! The daemon's HTTP/JSON APIs, OpenAI's ([`openai`]), ollama's
-//! ([`ollama`]) and Anthropic's Messages ([`anthropic`]), on the same
+//! The daemon's HTTP/JSON APIs, OpenAI's ([`openai`], and its Responses:
+//! [`responses`]), ollama's ([`ollama`]) and Anthropic's Messages
+//! ([`anthropic`]), on the same
 //! address as its gRPC API: gRPC paths
 //! (`/grove.v1.Grove/…`) and HTTP paths (`/v1/…`, `/api/…`) share one
 //! router. Every handler calls the same [`Api`] the gRPC service is, so a
@@ -16,6 +17,8 @@ pub mod ollama;
 mod ollama_types;
 pub mod openai;
 mod openai_types;
+pub mod responses;
+mod responses_types;
 mod stream;
 
 use std::sync::Arc;
@@ -63,6 +66,7 @@ pub fn routes(api: Arc<Api>, config: &HttpConfig) -> Router {
         .merge(openai::routes())
         .merge(ollama::routes())
         .merge(anthropic::routes())
+        .merge(responses::routes())
         .with_state(api)
         .layer(DefaultBodyLimit::max(config.max_body_bytes));
     match cors(&config.cors_origins) {
