@@ -89,6 +89,26 @@ $(CLIENTS_STAMP):
 	$(PIP) $(CLIENTS_DIR) openai==3.54.0 ollama==0.6.3 anthropic==2.14.0
 	@touch $@
 
+# LangChain's OpenAI and ollama chat models and instructor, in their own
+# folder (they pin their own openai).
+FRAMEWORKS_STAMP := $(GROVE_HOME)/.frameworks-stamp
+$(FRAMEWORKS_STAMP):
+	@mkdir -p $(GROVE_HOME)
+	@echo "setup: langchain-openai, langchain-ollama and instructor into $(GROVE_HOME)/frameworks"
+	$(PIP) $(GROVE_HOME)/frameworks langchain-openai==1.7.4 langchain-ollama==1.1.0 instructor==1.17.0
+	@touch $@
+
+# The npm openai and ollama packages, where this machine has npm (a machine
+# with only Rust and Python runs the rest; the test says what it skipped).
+NODE_STAMP := $(GROVE_HOME)/.node-clients-stamp
+$(NODE_STAMP):
+	@mkdir -p $(GROVE_HOME)/node
+	@if command -v npm >/dev/null 2>&1; then \
+	  echo "setup: the npm openai and ollama clients into $(GROVE_HOME)/node"; \
+	  npm install --prefix $(GROVE_HOME)/node openai@6.49.0 ollama@0.6.4 --no-audit --no-fund --silent; \
+	else echo "setup: no npm here; the Node clients' checks will be skipped"; fi
+	@touch $@
+
 $(GROVE_HOME)/.cuda-stamp:
 	@echo "setup: MLX CUDA wheel into $(GROVE_HOME)/cuda"
 	$(PIP) $(GROVE_HOME)/cuda mlx-cuda-13==$(MLX_VERSION)
@@ -168,7 +188,7 @@ $(GROVE_HOME)/tools/bin/cargo-nextest:
 	@echo "setup: cargo-nextest into $(GROVE_HOME)/tools (no cargo-nextest on PATH)"
 	$(CARGO) install --locked --root $(GROVE_HOME)/tools cargo-nextest
 
-test: build fixtures real-models $(CLIENTS_STAMP) $(NEXTEST_BIN)
+test: build fixtures real-models $(CLIENTS_STAMP) $(FRAMEWORKS_STAMP) $(NODE_STAMP) $(NEXTEST_BIN)
 	PATH="$(dir $(NEXTEST_BIN)):$$PATH" $(CARGO) nextest run $(CARGO_FLAGS) --workspace --no-fail-fast
 	$(CARGO) test $(CARGO_FLAGS) --workspace --doc
 

@@ -169,8 +169,15 @@ impl Lines {
 
 /// Runs `tests/http/SCRIPT` with the PyPI clients on the path; its stdout.
 pub fn python_client(script: &str, args: &[&str]) -> Result<String> {
+    python_client_in("clients", script, args)
+}
+
+/// Runs `tests/http/SCRIPT` with the packages make test installed in
+/// `.grove/DIR` on the path (`clients`: openai, ollama, anthropic;
+/// `frameworks`: LangChain's and instructor); its stdout.
+pub fn python_client_in(dir: &str, script: &str, args: &[&str]) -> Result<String> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let clients = root.join(".grove/clients");
+    let clients = root.join(".grove").join(dir);
     ensure!(
         clients.is_dir(),
         "{} is missing (make test installs the clients)",
@@ -180,11 +187,37 @@ pub fn python_client(script: &str, args: &[&str]) -> Result<String> {
         std::process::Command::new(std::env::var("PYTHON").unwrap_or_else(|_| "python3".into()));
     cmd.arg(root.join("tests/http").join(script))
         .args(args)
-        .env("PYTHONPATH", &clients)
-        .env("NO_PROXY", "*")
+        .env("PYTHONPATH", &clients);
+    run_client(cmd, script)
+}
+
+/// Runs `tests/http/SCRIPT` with Node and the npm packages make test
+/// installed in `.grove/node`; `None` where this machine has no Node or
+/// make test found no npm to install them with.
+pub fn node_client(script: &str, args: &[&str]) -> Result<Option<String>> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let has_node = std::process::Command::new("node")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let modules = root.join(".grove/node/node_modules");
+    if !has_node || !modules.is_dir() {
+        return Ok(None);
+    }
+    let mut cmd = std::process::Command::new("node");
+    cmd.arg(root.join("tests/http").join(script))
+        .args(args)
+        .env("NODE_PATH", &modules);
+    run_client(cmd, script).map(Some)
+}
+
+fn run_client(mut cmd: std::process::Command, script: &str) -> Result<String> {
+    cmd.env("NO_PROXY", "*")
         .env_remove("OPENAI_API_KEY")
         .env_remove("OPENAI_BASE_URL")
-        .env_remove("OLLAMA_HOST");
+        .env_remove("OLLAMA_HOST")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("ANTHROPIC_BASE_URL");
     let out = crate::proc::output(&mut cmd, crate::proc::DEADLINE)?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     ensure!(

@@ -10,7 +10,7 @@ use grove_proto::v1 as pb;
 use grove_proto::v1::grove_client::GroveClient;
 use grove_tests::daemon::Daemon;
 use grove_tests::fixtures;
-use grove_tests::http::{Lines, python_client, send};
+use grove_tests::http::{Lines, node_client, python_client, python_client_in, send};
 use grove_tests::hub_server::HubServer;
 
 const KEY: &str = "grove-test-key-5d41402abc4b2a76";
@@ -78,6 +78,19 @@ async fn openai_and_ollama_clients_from_pypi() -> Result<()> {
         tokio::task::spawn_blocking(move || python_client("anthropic_client.py", &[&b, KEY, REPO]))
             .await??;
     eprintln!("{out}");
+    let b = base.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        python_client_in("frameworks", "frameworks_client.py", &[&b, KEY, REPO])
+    })
+    .await??;
+    eprintln!("{out}");
+    let b = base.clone();
+    match tokio::task::spawn_blocking(move || node_client("node_client.cjs", &[&b, KEY, REPO]))
+        .await??
+    {
+        Some(out) => eprintln!("{out}"),
+        None => eprintln!("no Node or npm on this machine: the npm clients were not run"),
+    }
     // The ollama script pulls again (from the cache), then deletes the model.
     let out =
         tokio::task::spawn_blocking(move || python_client("ollama_client.py", &[&base, KEY, REPO]))
