@@ -202,6 +202,15 @@ try:
     raise AssertionError("a response with store=False was remembered")
 except openai.NotFoundError as e:
     show("previous_response_id of a store=False response -> NotFoundError", e.body)
+rl = client.responses.create(model=model, input=ask, max_output_tokens=4, top_logprobs=2,
+                             include=["message.output_text.logprobs"])
+lps = rl.output[0].content[0].logprobs
+show("responses: include output_text.logprobs, top_logprobs=2", [(t.token, round(t.logprob, 4)) for t in lps])
+assert len(lps) == 4 and all(len(t.top_logprobs) == 2 and t.logprob == t.top_logprobs[0].logprob for t in lps)
+with client.responses.stream(model=model, input=ask, max_output_tokens=4, top_logprobs=2,
+                             include=["message.output_text.logprobs"]) as s:
+    slp = [t for e in s if e.type == "response.output_text.delta" for t in (e.logprobs or [])]
+assert [(t.token, t.logprob) for t in slp] == [(t.token, t.logprob) for t in lps]
 rtools = [{"type": "function", "name": "get_weather", "parameters": weather[0]["function"]["parameters"]}]
 fr = client.responses.create(model=model, input=ask, tools=rtools, tool_choice="required", max_output_tokens=300)
 calls = [o for o in fr.output if o.type == "function_call"]

@@ -32,8 +32,8 @@ pub fn chat(tokens: &[pb::TokenLogprob]) -> Value {
     json!({"content": tokens.iter().map(token_json).collect::<Vec<_>>(), "refusal": null})
 }
 
-/// ollama's `logprobs` list.
-pub fn ollama(tokens: &[pb::TokenLogprob]) -> Value {
+/// A list of tokens as ollama's `logprobs` and the Responses API's output_text `logprobs` give it.
+pub fn token_list(tokens: &[pb::TokenLogprob]) -> Value {
     tokens.iter().map(token_json).collect()
 }
 
@@ -91,7 +91,7 @@ mod tests {
             json!(-9999.0)
         );
         assert_eq!(c["content"][1]["top_logprobs"], json!([]));
-        assert_eq!(ollama(&toks), c["content"]);
+        assert_eq!(token_list(&toks), c["content"]);
         let (legacy, end) = completion(&toks, 3);
         assert_eq!(legacy["tokens"], json!([" Paris", "."]));
         assert_eq!(legacy["token_logprobs"], json!([-0.25, -1.5]));

@@ -174,7 +174,7 @@ async fn reply(
                 };
                 let mut v = line(&w.text, &w.thinking, calls);
                 if logprobs {
-                    v["logprobs"] = lp::ollama(&w.logprobs);
+                    v["logprobs"] = lp::token_list(&w.logprobs);
                 }
                 final_fields(&mut v, &w.done);
                 super::json(StatusCode::OK, &v)
@@ -189,7 +189,7 @@ async fn reply(
             Ev::Thinking(t) => line("", &t, Value::Null),
             Ev::Logprobs(l) => {
                 let mut v = line("", "", Value::Null);
-                v["logprobs"] = lp::ollama(&l.tokens);
+                v["logprobs"] = lp::token_list(&l.tokens);
                 v
             }
             Ev::ToolCall(c) => {

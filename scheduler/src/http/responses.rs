@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Status};
 
+use super::logprobs as lp;
 use super::responses_types::ResponsesRequest;
 use super::stream::whole;
 use super::{http_status, openai, unix_now};
@@ -104,9 +105,19 @@ fn new_id(prefix: &str) -> String {
 
 /// One output item as it grows.
 enum Item {
-    Reasoning { id: String, text: String },
-    Message { id: String, text: String },
-    Call { id: String, call: pb::ToolCall },
+    Reasoning {
+        id: String,
+        text: String,
+    },
+    Message {
+        id: String,
+        text: String,
+        logprobs: Vec<pb::TokenLogprob>,
+    },
+    Call {
+        id: String,
+        call: pb::ToolCall,
+    },
 }
 
 impl Item {
@@ -116,9 +127,10 @@ impl Item {
                 "type": "reasoning", "id": id, "summary": [], "status": status,
                 "content": [{"type": "reasoning_text", "text": text}],
             }),
-            Item::Message { id, text } => json!({
+            Item::Message { id, text, logprobs } => json!({
                 "type": "message", "id": id, "status": status, "role": "assistant",
-                "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+                "content": [{"type": "output_text", "text": text, "annotations": [],
+                    "logprobs": lp::token_list(logprobs)}],
             }),
             Item::Call { id, call } => json!({
                 "type": "function_call", "id": id, "call_id": call.id, "name": call.name,
@@ -245,6 +257,7 @@ async fn responses(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejecti
             items.push(Item::Message {
                 id: new_id("msg"),
                 text: w.text.clone(),
+                logprobs: w.logprobs.clone(),
             });
         }
         for c in &w.tool_calls {
@@ -268,6 +281,7 @@ async fn responses(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejecti
         items: Vec::new(),
         open: false,
         seq: 0,
+        early_logprobs: Vec::new(),
     };
     let first = vec![
         s.event("response.created", json!({"response": s.response(None)})),
@@ -312,6 +326,8 @@ struct Streamer {
     items: Vec<Item>,
     open: bool,
     seq: u64,
+    /// Log-probabilities that came before any message.
+    early_logprobs: Vec<pb::TokenLogprob>,
 }
 
 type Sent = Vec<(&'static str, Value)>;
@@ -356,14 +372,16 @@ impl Streamer {
                 )],
                 None,
             ),
-            Item::Message { id, text } => (
+            Item::Message { id, text, logprobs } => (
                 vec![(
                     "response.output_text.done",
-                    json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}),
+                    json!({"item_id": id, "output_index": index, "content_index": 0, "text": text,
+                        "logprobs": lp::token_list(logprobs)}),
                 )],
                 Some(
                     json!({"item_id": id, "output_index": index, "content_index": 0,
-                    "part": {"type": "output_text", "text": text, "annotations": [], "logprobs": []}}),
+                    "part": {"type": "output_text", "text": text, "annotations": [],
+                        "logprobs": lp::token_list(logprobs)}}),
                 ),
             ),
             Item::Call { .. } => (Vec::new(), None),
@@ -433,11 +451,12 @@ impl Streamer {
                     let item = Item::Message {
                         id: new_id("msg"),
                         text: String::new(),
+                        logprobs: std::mem::take(&mut self.early_logprobs),
                     };
                     self.add(item, &mut out);
                 }
                 let index = self.items.len() - 1;
-                if let Some(Item::Message { id, text }) = self.items.last_mut() {
+                if let Some(Item::Message { id, text, .. }) = self.items.last_mut() {
                     text.push_str(&t);
                     let body = json!({"item_id": id, "output_index": index, "content_index": 0, "delta": t, "logprobs": []});
                     out.push(self.event("response.output_text.delta", body));
@@ -464,7 +483,20 @@ impl Streamer {
                     json!({"output_index": index, "item": item}),
                 ));
             }
-            Ev::Logprobs(_) => {}
+            Ev::Logprobs(l) => {
+                // Those of the message being written, as a delta of no text;
+                // any before it (reasoning's) join the next message.
+                let index = self.items.len().wrapping_sub(1);
+                match self.items.last_mut() {
+                    Some(Item::Message { id, logprobs, .. }) if self.open => {
+                        logprobs.extend(l.tokens.iter().cloned());
+                        let body = json!({"item_id": id, "output_index": index, "content_index": 0,
+                            "delta": "", "logprobs": lp::token_list(&l.tokens)});
+                        out.push(self.event("response.output_text.delta", body));
+                    }
+                    _ => self.early_logprobs.extend(l.tokens),
+                }
+            }
             Ev::Done(d) => {
                 self.close(&mut out);
                 let response = self.response(Some(&d));

@@ -45,8 +45,9 @@ pub struct ResponsesRequest {
     pub _prompt_cache_retention: Option<Value>,
     #[serde(rename = "safety_identifier")]
     pub _safety_identifier: Option<Value>,
-    #[serde(rename = "include")]
-    pub _include: Option<Value>,
+    /// `message.output_text.logprobs` turns log-probabilities on; the
+    /// other values only ask for data Grove has not (taken, not used).
+    pub include: Option<Vec<String>>,
     #[serde(rename = "stream_options")]
     pub _stream_options: Option<Value>,
 }
@@ -307,9 +308,16 @@ impl ResponsesRequest {
             self.max_tool_calls.is_some(),
             "max_tool_calls is not supported",
         )?;
+        let with_logprobs = self
+            .include
+            .iter()
+            .flatten()
+            .any(|i| i == "message.output_text.logprobs");
+        let top = self.top_logprobs.unwrap_or(0);
+        refuse(top > 20, "top_logprobs is 0 to 20")?;
         refuse(
-            self.top_logprobs.is_some_and(|n| n > 0),
-            "top_logprobs is not supported on the Responses API yet (chat completions has it)",
+            top > 0 && !with_logprobs,
+            "top_logprobs needs include: [\"message.output_text.logprobs\"]",
         )?;
         refuse(
             self.parallel_tool_calls == Some(false),
@@ -386,6 +394,7 @@ impl ResponsesRequest {
             "reasoning": self.reasoning.unwrap_or(json!({"effort": null, "summary": null})),
             "parallel_tool_calls": true, "truncation": "disabled", "store": store,
             "previous_response_id": self.previous_response_id,
+            "top_logprobs": top,
         });
         Ok(Responses {
             request: pb::ChatRequest {
@@ -397,6 +406,7 @@ impl ResponsesRequest {
                     temperature: self.temperature,
                     top_p: self.top_p,
                     max_tokens: self.max_output_tokens,
+                    top_logprobs: with_logprobs.then_some(top),
                     constraint,
                     ..Default::default()
                 }),
