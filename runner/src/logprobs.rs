@@ -37,12 +37,15 @@ pub fn token_logprobs(logits: &Array, token: &Array, top: usize) -> Result<Pendi
         let lp = x.subtract(x.logsumexp_axis(-1, true)?)?;
         let idx = token.reshape(&[1, 1])?.as_dtype(Dtype::Int32)?;
         let chosen = lp.take_along_axis(&idx, -1)?;
-        let n = top.min(lp.shape()[1] as usize) as i32;
+        let vocab = lp.shape()[1];
+        let n = top.min(vocab as usize) as i32;
         let top = if n == 0 {
             None
         } else {
-            let order = argpartition_axis(lp.negative()?, n - 1, -1)?;
-            let ids = order.try_index((.., ..n))?;
+            // The n largest are the last n of the partition at vocab - n
+            // (no negated copy of the vocabulary's values).
+            let order = argpartition_axis(&lp, vocab - n, -1)?;
+            let ids = order.try_index((.., vocab - n..))?;
             let values = lp.take_along_axis(&ids, -1)?;
             Some((ids.as_dtype(Dtype::Uint32)?, values))
         };
@@ -57,7 +60,7 @@ impl PendingLogprob {
         std::iter::once(&self.chosen).chain(self.top.iter().flat_map(|(i, v)| [i, v]))
     }
 
-    /// The values for token `id` (its arrays evaluated).
+    /// The values for token `id` (evaluated here if the step has not yet).
     pub fn read(&self, id: u32) -> Result<TokenLogprob> {
         let read = || -> MlxResult<TokenLogprob> {
             mlx_rs::transforms::eval(self.arrays())?;

@@ -313,16 +313,8 @@ impl Batch {
             eval([&flag]).phase("decode")?;
             self.news_read = Some(flag.as_slice::<u32>().first().is_some_and(|&f| f != 0));
         }
-        // (With the log-probabilities of the tokens fed, where asked for.)
-        let lp_fed = self
-            .rows
-            .iter()
-            .filter_map(|r| r.lp_fed.as_ref())
-            .flat_map(PendingLogprob::arrays);
-        let lp_fed: Vec<&Array> = lp_fed.collect();
-        if !lp_fed.is_empty() {
-            eval(lp_fed).phase("decode")?;
-        }
+        // (on_fed reads each token's log-probabilities, where asked for:
+        // computed with the step before, already done.)
         let mut outcomes = Vec::with_capacity(self.rows.len());
         for (row, &token) in self.rows.iter_mut().zip(&tokens) {
             let mut outcome = row.on_fed(token);
