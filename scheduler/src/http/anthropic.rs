@@ -22,8 +22,8 @@ use serde_json::{Value, json};
 use tonic::{Request, Status};
 
 use super::anthropic_types::MessagesRequest;
-use super::http_status;
 use super::stream::{Whole, arguments, whole};
+use super::{http_status, new_id};
 use crate::api::Api;
 
 pub fn routes() -> Router<Arc<Api>> {
@@ -83,13 +83,6 @@ fn usage(m: &pb::Metrics) -> Value {
     })
 }
 
-fn message_id() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("msg_{nanos:x}")
-}
-
 fn tool_use(c: &pb::ToolCall) -> Value {
     json!({"type": "tool_use", "id": c.id, "name": c.name, "input": arguments(c)})
 }
@@ -138,7 +131,7 @@ async fn messages(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejectio
         Ok(s) => s.into_inner(),
         Err(s) => return status_error(&s),
     };
-    let id = message_id();
+    let id = new_id("msg_");
     if !m.stream {
         return match whole(stream).await {
             Ok(w) => super::json(

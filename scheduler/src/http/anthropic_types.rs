@@ -4,6 +4,8 @@
 //! What Grove cannot do is refused by name (images, documents, server tools,
 //! `disable_parallel_tool_use`); unknown fields are refused by serde.
 use grove_proto::v1 as pb;
+
+use super::tool_choice::{self, ToolChoice};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -298,45 +300,35 @@ impl MessagesRequest {
         let tools = tools_of(self.tools.unwrap_or_default())?;
         // tool_choice: auto (the default), any (some call), tool (that
         // one), none (no tools in the prompt).
-        let mut constraint = None;
-        let mut use_tools = true;
-        if let Some(choice) = &self.tool_choice {
-            if choice
-                .get("disable_parallel_tool_use")
-                .and_then(Value::as_bool)
-                == Some(true)
-            {
-                return Err(invalid(
-                    "tool_choice.disable_parallel_tool_use: the model may make several calls in one reply",
-                ));
-            }
-            let name = match choice.get("type").and_then(Value::as_str) {
-                Some("auto") => None,
-                Some("none") => {
-                    use_tools = false;
-                    None
+        let choice = match &self.tool_choice {
+            None => ToolChoice::Auto,
+            Some(choice) => {
+                if choice
+                    .get("disable_parallel_tool_use")
+                    .and_then(Value::as_bool)
+                    == Some(true)
+                {
+                    return Err(invalid(
+                        "tool_choice.disable_parallel_tool_use: the model may make several calls in one reply",
+                    ));
                 }
-                Some("any") => Some(String::new()),
-                Some("tool") => Some(
-                    choice
-                        .get("name")
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| invalid("tool_choice: {\"type\": \"tool\"} needs a name"))?
-                        .to_owned(),
-                ),
-                _ => return Err(invalid("tool_choice.type is auto, any, tool or none")),
-            };
-            if let Some(name) = name {
-                if tools.is_empty() {
-                    return Err(invalid("tool_choice forces a call, but there are no tools"));
+                match choice.get("type").and_then(Value::as_str) {
+                    Some("auto") => ToolChoice::Auto,
+                    Some("none") => ToolChoice::None,
+                    Some("any") => ToolChoice::Any,
+                    Some("tool") => ToolChoice::Named(
+                        choice
+                            .get("name")
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| {
+                                invalid("tool_choice: {\"type\": \"tool\"} needs a name")
+                            })?
+                            .to_owned(),
+                    ),
+                    _ => return Err(invalid("tool_choice.type is auto, any, tool or none")),
                 }
-                constraint = Some(pb::Constraint {
-                    kind: Some(pb::constraint::Kind::ToolCall(pb::ToolCallConstraint {
-                        name,
-                    })),
-                });
             }
-        }
+        };
         // thinking: on (enabled, adaptive) or off through the template's
         // switch; budget_tokens is a target Grove does not enforce
         // (max_tokens bounds the reply).
@@ -366,15 +358,14 @@ impl MessagesRequest {
                 "container: Grove runs no code execution containers",
             ));
         }
-        let (effort, format) = output_config(self.output_config.as_ref())?;
-        if let Some(format) = format {
-            if constraint.is_some() {
-                return Err(invalid(
-                    "output_config.format and a forced tool call cannot be combined",
-                ));
-            }
-            constraint = Some(format);
-        }
+        let (effort, mut constraint) = output_config(self.output_config.as_ref())?;
+        let use_tools = tool_choice::apply(
+            choice,
+            !tools.is_empty(),
+            &mut constraint,
+            "output_config.format",
+        )
+        .map_err(Invalid)?;
         let tools_json: Vec<String> = if use_tools {
             tools.iter().map(Value::to_string).collect()
         } else {

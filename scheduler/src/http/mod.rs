@@ -20,6 +20,7 @@ mod openai_types;
 pub mod responses;
 mod responses_types;
 mod stream;
+mod tool_choice;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -178,6 +179,18 @@ pub fn http_status(code: tonic::Code) -> StatusCode {
         C::Unimplemented => StatusCode::NOT_IMPLEMENTED,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
+}
+
+/// A fresh id for a response or an item: `prefix` then the time in
+/// nanoseconds and a counter (two ids asked for in the same nanosecond
+/// differ), in hex: `chatcmpl-…`, `msg_…`, `resp_…`.
+pub fn new_id(prefix: &str) -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{prefix}{nanos:x}{n:04x}")
 }
 
 /// Seconds since the Unix epoch.

@@ -23,7 +23,7 @@ use tonic::{Request, Status};
 use super::logprobs as lp;
 use super::openai_types::{ChatCompletionRequest, CompletionRequest, Invalid};
 use super::stream::{GenStream, Whole, finish_reason, whole};
-use super::{http_status, unix_now};
+use super::{http_status, new_id, unix_now};
 use crate::api::Api;
 
 pub fn routes() -> Router<Arc<Api>> {
@@ -90,14 +90,6 @@ fn tool_call_json(c: &pb::ToolCall, index: Option<usize>) -> Value {
         v["index"] = json!(i);
     }
     v
-}
-
-/// An id for a response (`chatcmpl-…`, `cmpl-…`).
-fn response_id(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("{prefix}-{nanos:x}")
 }
 
 const FINGERPRINT: &str = concat!("grove-", env!("CARGO_PKG_VERSION"));
@@ -232,7 +224,7 @@ async fn chat(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) 
         Ok(s) => s,
         Err(s) => return status_error(&s),
     };
-    let (id, created) = (response_id("chatcmpl"), unix_now());
+    let (id, created) = (new_id("chatcmpl-"), unix_now());
     if !chat.stream {
         return match futures_util::future::try_join_all(streams.into_iter().map(whole)).await {
             Ok(w) => super::json(
@@ -379,7 +371,7 @@ async fn completions(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejec
         Ok(s) => s,
         Err(s) => return status_error(&s),
     };
-    let (id, created) = (response_id("cmpl"), unix_now());
+    let (id, created) = (new_id("cmpl-"), unix_now());
     let body = move |choices: Value, usage: Option<Value>| {
         let mut v = json!({
             "id": id, "object": "text_completion", "created": created, "model": model,

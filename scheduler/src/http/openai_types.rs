@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 
 use grove_proto::v1 as pb;
+
+use super::tool_choice::{self, ToolChoice};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -516,41 +518,29 @@ impl ChatCompletionRequest {
                 ));
             }
         }
-        let use_tools = match &tool_choice {
-            None => true,
-            Some(Value::String(s)) if s == "auto" => true,
-            Some(Value::String(s)) if s == "none" => false,
-            Some(choice) => {
-                let name = match choice {
-                    Value::String(s) if s == "required" => String::new(),
-                    Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => o
-                        .get("function")
+        let choice = match &tool_choice {
+            None => ToolChoice::Auto,
+            Some(Value::String(s)) if s == "auto" => ToolChoice::Auto,
+            Some(Value::String(s)) if s == "none" => ToolChoice::None,
+            Some(Value::String(s)) if s == "required" => ToolChoice::Any,
+            Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
+                ToolChoice::Named(
+                    o.get("function")
                         .and_then(|f| f.get("name"))
                         .and_then(Value::as_str)
                         .ok_or_else(|| invalid("tool_choice", "a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": ...}}"))?
                         .to_owned(),
-                    _ => return Err(invalid("tool_choice", "tool_choice is \"auto\", \"none\", \"required\" or a named function")),
-                };
-                if tools.is_empty() {
-                    return Err(invalid(
-                        "tool_choice",
-                        "tool_choice forces a call, but there are no tools",
-                    ));
-                }
-                if constraint.is_some() {
-                    return Err(invalid(
-                        "tool_choice",
-                        "a forced tool call and response_format cannot be combined",
-                    ));
-                }
-                constraint = Some(pb::Constraint {
-                    kind: Some(pb::constraint::Kind::ToolCall(pb::ToolCallConstraint {
-                        name,
-                    })),
-                });
-                true
+                )
             }
+            Some(_) => return Err(invalid("tool_choice", "tool_choice is \"auto\", \"none\", \"required\" or a named function")),
         };
+        let use_tools = tool_choice::apply(
+            choice,
+            !tools.is_empty(),
+            &mut constraint,
+            "response_format",
+        )
+        .map_err(|e| invalid("tool_choice", e))?;
         let mut messages = Vec::with_capacity(self.messages.len());
         for (i, m) in self.messages.into_iter().enumerate() {
             messages.push(message(m, i)?);

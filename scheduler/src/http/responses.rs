@@ -28,7 +28,7 @@ use tonic::{Request, Status};
 use super::logprobs as lp;
 use super::responses_types::ResponsesRequest;
 use super::stream::whole;
-use super::{http_status, openai, unix_now};
+use super::{http_status, new_id, openai, unix_now};
 use crate::api::Api;
 
 /// How many responses `previous_response_id` can name.
@@ -94,13 +94,6 @@ pub fn routes() -> Router<Arc<Api>> {
 
 fn status_error(s: &Status) -> Response {
     openai::error(http_status(s.code()), s.message(), "invalid_request")
-}
-
-fn new_id(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("{prefix}_{nanos:x}")
 }
 
 /// One output item as it grows.
@@ -239,7 +232,7 @@ async fn responses(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejecti
         Ok(s) => s.into_inner(),
         Err(s) => return status_error(&s),
     };
-    let (id, created) = (new_id("resp"), unix_now());
+    let (id, created) = (new_id("resp_"), unix_now());
     let store = r.store.then(|| api.responses.clone());
     if !r.stream {
         let w = match whole(stream).await {
@@ -249,20 +242,20 @@ async fn responses(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejecti
         let mut items = Vec::new();
         if !w.thinking.is_empty() {
             items.push(Item::Reasoning {
-                id: new_id("rs"),
+                id: new_id("rs_"),
                 text: w.thinking.clone(),
             });
         }
         if !w.text.is_empty() {
             items.push(Item::Message {
-                id: new_id("msg"),
+                id: new_id("msg_"),
                 text: w.text.clone(),
                 logprobs: w.logprobs.clone(),
             });
         }
         for c in &w.tool_calls {
             items.push(Item::Call {
-                id: new_id("fc"),
+                id: new_id("fc_"),
                 call: c.clone(),
             });
         }
@@ -434,7 +427,7 @@ impl Streamer {
             Ev::Thinking(t) => {
                 if !(self.open && matches!(self.items.last(), Some(Item::Reasoning { .. }))) {
                     let item = Item::Reasoning {
-                        id: new_id("rs"),
+                        id: new_id("rs_"),
                         text: String::new(),
                     };
                     self.add(item, &mut out);
@@ -449,7 +442,7 @@ impl Streamer {
             Ev::Text(t) => {
                 if !(self.open && matches!(self.items.last(), Some(Item::Message { .. }))) {
                     let item = Item::Message {
-                        id: new_id("msg"),
+                        id: new_id("msg_"),
                         text: String::new(),
                         logprobs: std::mem::take(&mut self.early_logprobs),
                     };
@@ -463,7 +456,7 @@ impl Streamer {
                 }
             }
             Ev::ToolCall(c) => {
-                let id = new_id("fc");
+                let id = new_id("fc_");
                 let args = c.arguments_json.clone();
                 self.add(
                     Item::Call {

@@ -4,6 +4,8 @@
 //! `text.format`, `reasoning.effort`. What would change the output and is
 //! not done is refused by name; unknown fields by serde.
 use grove_proto::v1 as pb;
+
+use super::tool_choice::{self, ToolChoice};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -339,45 +341,30 @@ impl ResponsesRequest {
         }
         let tools = tools_of(self.tools.as_deref().unwrap_or_default())?;
         let mut constraint = text_format(self.text.as_ref())?;
-        let use_tools = match &self.tool_choice {
-            None => true,
-            Some(Value::String(s)) if s == "auto" => true,
-            Some(Value::String(s)) if s == "none" => false,
-            Some(choice) => {
-                let name = match choice {
-                    Value::String(s) if s == "required" => String::new(),
-                    Value::Object(o)
-                        if o.get("type").and_then(Value::as_str) == Some("function") =>
-                    {
-                        o.get("name")
-                            .and_then(Value::as_str)
-                            .ok_or_else(|| {
-                                invalid("tool_choice: {\"type\": \"function\"} needs a name")
-                            })?
-                            .to_owned()
-                    }
-                    _ => {
-                        return Err(invalid(
-                            "tool_choice is auto, none, required or a named function",
-                        ));
-                    }
-                };
-                if tools.is_empty() {
-                    return Err(invalid("tool_choice forces a call, but there are no tools"));
-                }
-                if constraint.is_some() {
-                    return Err(invalid(
-                        "a forced tool call and text.format cannot be combined",
-                    ));
-                }
-                constraint = Some(pb::Constraint {
-                    kind: Some(pb::constraint::Kind::ToolCall(pb::ToolCallConstraint {
-                        name,
-                    })),
-                });
-                true
+        let choice = match &self.tool_choice {
+            None => ToolChoice::Auto,
+            Some(Value::String(s)) if s == "auto" => ToolChoice::Auto,
+            Some(Value::String(s)) if s == "none" => ToolChoice::None,
+            Some(Value::String(s)) if s == "required" => ToolChoice::Any,
+            Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
+                ToolChoice::Named(
+                    o.get("name")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| {
+                            invalid("tool_choice: {\"type\": \"function\"} needs a name")
+                        })?
+                        .to_owned(),
+                )
+            }
+            Some(_) => {
+                return Err(invalid(
+                    "tool_choice is auto, none, required or a named function",
+                ));
             }
         };
+        let use_tools =
+            tool_choice::apply(choice, !tools.is_empty(), &mut constraint, "text.format")
+                .map_err(Invalid)?;
         let effort = effort(self.reasoning.as_ref())?;
         let tools_json: Vec<String> = if use_tools {
             tools.iter().map(Value::to_string).collect()
