@@ -45,6 +45,11 @@ pub struct ResponsesRequest {
     pub _prompt_cache_key: Option<Value>,
     #[serde(rename = "prompt_cache_retention")]
     pub _prompt_cache_retention: Option<Value>,
+    #[serde(rename = "prompt_cache_options")]
+    pub _prompt_cache_options: Option<Value>,
+    /// Options for image inputs (which are refused where they come).
+    #[serde(rename = "image")]
+    pub _image: Option<Value>,
     #[serde(rename = "safety_identifier")]
     pub _safety_identifier: Option<Value>,
     /// `message.output_text.logprobs` turns log-probabilities on; the
@@ -310,17 +315,15 @@ impl ResponsesRequest {
             self.max_tool_calls.is_some(),
             "max_tool_calls is not supported",
         )?;
-        let with_logprobs = self
-            .include
-            .iter()
-            .flatten()
-            .any(|i| i == "message.output_text.logprobs");
+        // Log-probabilities: asked for by the include, or by top_logprobs.
         let top = self.top_logprobs.unwrap_or(0);
         refuse(top > 20, "top_logprobs is 0 to 20")?;
-        refuse(
-            top > 0 && !with_logprobs,
-            "top_logprobs needs include: [\"message.output_text.logprobs\"]",
-        )?;
+        let with_logprobs = top > 0
+            || self
+                .include
+                .iter()
+                .flatten()
+                .any(|i| i == "message.output_text.logprobs");
         refuse(
             self.parallel_tool_calls == Some(false),
             "parallel_tool_calls=false is not supported: the model may make several calls in one reply",
