@@ -142,11 +142,10 @@ async fn too_many_alternatives_are_refused() -> Result<()> {
     let (_served, mut client) = Served::start(&fixtures::model_dir("qwen3-f32")?, &[]).await?;
     let mut req = tokens_request(&[1, 2, 3], 2);
     req.top_logprobs = Some(21);
-    let err = client
-        .generate(req)
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(60), client.generate(req))
         .await
-        .err()
-        .context("21 alternatives were taken")?;
+        .context("the runner did not answer within 60 s")?;
+    let err = answer.err().context("21 alternatives were taken")?;
     ensure!(
         err.code() == tonic::Code::InvalidArgument && err.message().contains("top_logprobs"),
         "{err:?}"
