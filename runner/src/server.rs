@@ -17,12 +17,17 @@ use tonic::{Request, Response, Status};
 use crate::chat::{self, ChatParts};
 use crate::chat_template::sandbox::Sandbox;
 use crate::chat_template::{ChatRequest, Message, Role};
+use crate::engine::embed::EmbedJob;
 use crate::engine::{Activity, Engine, EngineConfig, Event, LoadState, Snapshot};
 use crate::generate::FinishReason;
 use crate::grammar::Constraint;
 use crate::logprobs::TokenLogprob;
 use crate::memory::MemorySource;
 use crate::model::Architecture;
+use crate::model::pooling::Pooling;
+
+/// Most inputs one embedding call may carry (OpenAI's limit).
+const MAX_EMBED_INPUTS: usize = 2048;
 use crate::reply::{self, Reply};
 use crate::request::{Prompt, job, runner_status, submit_status, template_vars, tools};
 use crate::tool_choice;
@@ -263,6 +268,7 @@ fn status(s: &Snapshot) -> pb::StatusResponse {
             Architecture::Phi3 => pb::Architecture::Phi3,
             Architecture::Gemma4Text => pb::Architecture::Gemma4Text,
             Architecture::Gemma4 => pb::Architecture::Gemma4,
+            Architecture::Bert => pb::Architecture::Bert,
         } as i32,
         dtype: dtype(f.dtype) as i32,
         quantization: f.quantization.map(|q| pb::Quantization {
@@ -279,6 +285,13 @@ fn status(s: &Snapshot) -> pb::StatusResponse {
         promoted_to_float32: f.dtypes.promoted,
         gguf: f.gguf,
         max_parallel: f.parallel as u32,
+        generates: f.generates,
+        embedding_length: f.embedding_length as u32,
+        pooling: match f.embedding.pooling {
+            Pooling::Mean => pb::Pooling::Mean,
+            Pooling::Cls => pb::Pooling::Cls,
+            Pooling::LastToken => pb::Pooling::Last,
+        } as i32,
     });
     let m = &s.memory;
     let memory = pb::MemoryReport {
@@ -409,11 +422,14 @@ impl Runner for Service {
         &self,
         req: Request<pb::GenerateRequest>,
     ) -> Result<Response<GenerateStream>, Status> {
-        let vocab = self
-            .engine
-            .snapshot()
-            .facts
-            .map_or(usize::MAX, |f| f.vocab_size);
+        let facts = self.engine.snapshot().facts;
+        if let Some(f) = facts.as_ref().filter(|f| !f.generates) {
+            return Err(Status::invalid_argument(format!(
+                "this is an embedding model ({}); it does not generate text",
+                f.architecture.name()
+            )));
+        }
+        let vocab = facts.map_or(usize::MAX, |f| f.vocab_size);
         let (mut job, prompt, mut constraint) = job(req.into_inner(), vocab)?;
         let wants_logprobs = job.logprobs.is_some();
         if let (Some(Constraint::ToolCall(name)), Prompt::Chat(request, _, split)) =
@@ -577,6 +593,83 @@ impl Runner for Service {
         Ok(Response::new(pb::PrewarmResponse {
             cached_tokens: done.cached_tokens as u32,
             prompt_eval_ns: done.prompt_eval.as_nanos() as u64,
+        }))
+    }
+
+    async fn embed(
+        &self,
+        req: Request<pb::EmbedRequest>,
+    ) -> Result<Response<pb::EmbedResponse>, Status> {
+        let r = req.into_inner();
+        if r.inputs.is_empty() {
+            return Err(Status::invalid_argument("no inputs to embed"));
+        }
+        if r.inputs.len() > MAX_EMBED_INPUTS {
+            return Err(Status::invalid_argument(format!(
+                "{} inputs; at most {MAX_EMBED_INPUTS} per call",
+                r.inputs.len()
+            )));
+        }
+        let parts = self.engine.chat_parts().await.map_err(runner_status)?;
+        let Some(facts) = self.engine.snapshot().facts else {
+            return Err(Status::unavailable("the model is not loaded"));
+        };
+        let hidden = facts.embedding_length;
+        if r.dimensions as usize > hidden {
+            return Err(Status::invalid_argument(format!(
+                "dimensions {} is more than the model's {hidden}",
+                r.dimensions
+            )));
+        }
+        let limit = facts.context_length;
+        let mut inputs = Vec::with_capacity(r.inputs.len());
+        for (n, input) in r.inputs.into_iter().enumerate() {
+            let mut ids = match input.input {
+                Some(pb::embed_input::Input::Text(t)) => chat::tokenize(&parts, t, true)
+                    .await
+                    .map_err(runner_status)?,
+                Some(pb::embed_input::Input::Tokens(l)) => l.ids,
+                None => return Err(Status::invalid_argument(format!("input {n} is empty"))),
+            };
+            if ids.is_empty() {
+                return Err(Status::invalid_argument(format!("input {n} has no tokens")));
+            }
+            if let Some(&bad) = ids.iter().find(|&&t| t as usize >= facts.vocab_size) {
+                return Err(Status::invalid_argument(format!(
+                    "input {n}: token id {bad} is outside the vocabulary of {}",
+                    facts.vocab_size
+                )));
+            }
+            if ids.len() > limit {
+                if !r.truncate {
+                    return Err(Status::invalid_argument(format!(
+                        "input {n} has {} tokens, more than the model's context of {limit} \
+                         (truncate cuts it)",
+                        ids.len()
+                    )));
+                }
+                ids.truncate(limit);
+            }
+            inputs.push(ids);
+        }
+        let counts: Vec<u32> = inputs.iter().map(|i| i.len() as u32).collect();
+        let done = self
+            .engine
+            .embed(EmbedJob {
+                inputs,
+                dimensions: r.dimensions as usize,
+            })
+            .await
+            .map_err(submit_status)?
+            .map_err(runner_status)?;
+        Ok(Response::new(pb::EmbedResponse {
+            embeddings: done
+                .vectors
+                .into_iter()
+                .zip(counts)
+                .map(|(values, tokens)| pb::Embedding { values, tokens })
+                .collect(),
+            total_ns: done.took.as_nanos() as u64,
         }))
     }
 

@@ -548,6 +548,63 @@ impl Grove for Api {
         }))
     }
 
+    async fn embed(
+        &self,
+        req: Request<pb::EmbedRequest>,
+    ) -> Result<Response<pb::EmbedResponse>, Status> {
+        let started = Instant::now();
+        let r = req.into_inner();
+        let model = self.resolve(&r.model)?;
+        if r.inputs.is_empty() {
+            return Err(Status::invalid_argument("no inputs to embed"));
+        }
+        let inputs = r
+            .inputs
+            .into_iter()
+            .enumerate()
+            .map(|(n, i)| {
+                let input = match i.input {
+                    Some(pb::embed_input::Input::Text(t)) => rpb::embed_input::Input::Text(t),
+                    Some(pb::embed_input::Input::Tokens(t)) => {
+                        rpb::embed_input::Input::Tokens(rpb::TokenList { ids: t.ids })
+                    }
+                    None => return Err(Status::invalid_argument(format!("input {n} is empty"))),
+                };
+                Ok(rpb::EmbedInput { input: Some(input) })
+            })
+            .collect::<Result<Vec<_>, Status>>()?;
+        let lease = self
+            .sched
+            .acquire(
+                model.name.clone(),
+                model.path.clone(),
+                keep_alive(r.keep_alive_ns),
+                None,
+            )
+            .await
+            .map_err(sched_status)?;
+        let mut client = lease.client.clone();
+        let request = rpb::EmbedRequest {
+            inputs,
+            truncate: r.truncate.unwrap_or(true),
+            dimensions: r.dimensions,
+        };
+        let reply = match client.embed(request).await {
+            Ok(r) => r.into_inner(),
+            Err(status) => return Err(runner_failure(status, &lease, &model.name).await),
+        };
+        Ok(Response::new(pb::EmbedResponse {
+            prompt_tokens: reply.embeddings.iter().map(|e| e.tokens as u64).sum(),
+            embeddings: reply
+                .embeddings
+                .into_iter()
+                .map(|e| pb::EmbedVector { values: e.values })
+                .collect(),
+            total_ns: started.elapsed().as_nanos() as u64,
+            load_ns: lease.load_time.as_nanos() as u64,
+        }))
+    }
+
     async fn unload(
         &self,
         req: Request<pb::UnloadRequest>,

@@ -25,6 +25,7 @@ pub(super) fn refuse(request: Request, error: impl Fn() -> RunnerError) {
     match request {
         Request::Generate { events, .. } => drop(events.try_send(Event::Error(error()))),
         Request::Prewarm { reply, .. } => drop(reply.send(Err(error()))),
+        Request::Embed { reply, .. } => drop(reply.send(Err(error()))),
         Request::Stop => {}
     }
 }
@@ -66,7 +67,7 @@ impl Worker {
             let reserve = match request {
                 Request::Generate { job, .. } => scaled(l, self.reserve(l, job), kv),
                 Request::Prewarm { prompt, .. } => prompt.len(),
-                Request::Stop => 0,
+                Request::Embed { .. } | Request::Stop => 0,
             };
             let fits = |s: &State, entry: usize| {
                 Self::footprint(s, reserve, l.context) + entry <= l.capacity
@@ -137,6 +138,12 @@ impl Worker {
                 reply,
                 slot,
             } => (id, Client::Prewarm(reply), prompt, None, slot),
+            Request::Embed { reply, .. } => {
+                let _ = reply.send(Err(RunnerError::Request(
+                    "an embedding call reached the prefill".into(),
+                )));
+                return Ok(None);
+            }
             Request::Stop => return Ok(None),
         };
         let context = match job.as_ref().map_or(0, |j| j.num_ctx) {
@@ -241,7 +248,7 @@ fn kv_of(l: &Loaded, request: &Request) -> Option<KvSetting> {
             KvChoice::Exactly(kv) => kv,
             KvChoice::Runner => l.kv,
         },
-        Request::Prewarm { .. } | Request::Stop => l.kv,
+        Request::Prewarm { .. } | Request::Embed { .. } | Request::Stop => l.kv,
     }
 }
 

@@ -202,7 +202,7 @@ pub(super) struct Turn {
 fn request_id(r: &Request) -> Option<u64> {
     match r {
         Request::Generate { id, .. } | Request::Prewarm { id, .. } => Some(*id),
-        Request::Stop => None,
+        Request::Embed { .. } | Request::Stop => None,
     }
 }
 

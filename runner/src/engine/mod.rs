@@ -7,6 +7,7 @@
 mod admission;
 pub mod batch;
 pub mod disk;
+pub mod embed;
 mod group;
 mod lockstep;
 mod prefill;
@@ -110,6 +111,11 @@ pub struct Facts {
     pub parallel: usize,
     /// KV tokens all sequences and the prompt cache may hold together.
     pub kv_capacity: usize,
+    /// Whether it generates text (an encoder only embeds).
+    pub generates: bool,
+    /// Values in one embedding, and how they are made.
+    pub embedding_length: usize,
+    pub embedding: crate::model::pooling::EmbedSpec,
 }
 
 /// Memory figures, refreshed after every request.
@@ -229,6 +235,12 @@ enum Request {
         reply: oneshot::Sender<Result<Prewarmed>>,
         slot: OwnedSemaphorePermit,
     },
+    /// An embedding call ([`embed`]).
+    Embed {
+        job: embed::EmbedJob,
+        reply: oneshot::Sender<Result<embed::Embedded>>,
+        slot: OwnedSemaphorePermit,
+    },
     /// Wakes the engine to see that it is stopping.
     Stop,
 }
@@ -239,6 +251,7 @@ impl Request {
         match self {
             Request::Generate { events, .. } => events.is_closed(),
             Request::Prewarm { reply, .. } => reply.is_closed(),
+            Request::Embed { reply, .. } => reply.is_closed(),
             Request::Stop => false,
         }
     }
@@ -404,6 +417,17 @@ impl Engine {
             slot,
         })?;
         Ok(rx)
+    }
+
+    /// Embeds token lists (see [`embed`]); waits for the vectors.
+    pub async fn embed(
+        &self,
+        job: embed::EmbedJob,
+    ) -> std::result::Result<Result<embed::Embedded>, SubmitError> {
+        let (reply, rx) = oneshot::channel();
+        let slot = self.slot()?;
+        self.submit(Request::Embed { job, reply, slot })?;
+        rx.await.map_err(|_| SubmitError::Stopped)
     }
 
     /// Prefills the ids of a rendered system prompt into the prompt cache.

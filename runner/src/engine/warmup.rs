@@ -34,7 +34,7 @@ pub fn wanted(on_cpu: bool) -> bool {
 
 /// Warms up when [`wanted`], saying how long it took on stderr.
 pub fn warm_up_if_wanted(model: &Model, on_cpu: bool) -> Result<()> {
-    if wanted(on_cpu) {
+    if wanted(on_cpu) && model.generates() {
         let took = warm_up(model)?;
         eprintln!(
             "grove-runner: kernels warmed up in {:.2} s",

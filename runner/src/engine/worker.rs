@@ -216,6 +216,10 @@ impl Worker {
             while let Ok(r) = rx.try_recv() {
                 s.waiting.push_back(r);
             }
+            // Embedding calls are answered now, all together.
+            if !self.stopping.load(Ordering::SeqCst) {
+                self.embed_waiting(l, &mut s);
+            }
             let stop = self.stopping.load(Ordering::SeqCst) || (!open && s.idle());
             match lockstep.as_deref() {
                 // Rank 0: the others hear of arrivals, departures and the
@@ -364,6 +368,9 @@ impl Worker {
             gguf: opened.kind == crate::source::SourceKind::Gguf,
             parallel,
             kv_capacity: capacity,
+            generates: model.generates(),
+            embedding_length: model.dims.hidden as usize,
+            embedding: model.embedding,
         };
         let table = Arc::new(TokenTable::new(&tokenizer));
         let parts = ChatParts::new(

@@ -38,6 +38,8 @@ pub enum Architecture {
     Gemma4,
     /// Phi-3 and Phi-4 (`Phi3ForCausalLM`).
     Phi3,
+    /// BERT (`BertModel`): an encoder that embeds and does not generate.
+    Bert,
 }
 
 impl Architecture {
@@ -70,6 +72,7 @@ impl Architecture {
             Some("Gemma4ForCausalLM") => Some(Self::Gemma4Text),
             Some("Gemma4ForConditionalGeneration") => Some(Self::Gemma4),
             Some("Phi3ForCausalLM") => Some(Self::Phi3),
+            Some("BertModel" | "BertForMaskedLM" | "BertForPreTraining") => Some(Self::Bert),
             Some(_) => None,
             None => match model_type {
                 Some("llama") => Some(Self::Llama),
@@ -89,6 +92,7 @@ impl Architecture {
                 Some("gemma4_text") => Some(Self::Gemma4Text),
                 Some("gemma4") => Some(Self::Gemma4),
                 Some("phi3") => Some(Self::Phi3),
+                Some("bert") => Some(Self::Bert),
                 _ => None,
             },
         };
@@ -102,7 +106,7 @@ impl Architecture {
                  Glm4MoeLiteForCausalLM, \
                  Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma2ForCausalLM, \
                  Gemma4ForCausalLM, Gemma4ForConditionalGeneration, \
-                 Phi3ForCausalLM",
+                 Phi3ForCausalLM, BertModel",
                 named.unwrap_or("<none>"),
                 model_type.unwrap_or("<none>")
             ),
@@ -127,6 +131,7 @@ impl Architecture {
             Self::Gemma4Text => "gemma4_text",
             Self::Gemma4 => "gemma4",
             Self::Phi3 => "phi3",
+            Self::Bert => "bert",
         }
     }
 }

@@ -7,6 +7,7 @@
 //! pass); `layers/` holds the building blocks and the shared pre-norm
 //! decoder; [`network`] is the loaded model of any architecture; [`dtypes`]
 //! picks the dtypes the backend computes fastest in.
+pub mod bert;
 pub mod config;
 pub mod dtypes;
 pub mod gemma2;
@@ -20,6 +21,7 @@ pub mod llama;
 pub mod mistral;
 pub mod network;
 pub mod phi3;
+pub mod pooling;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_5;
@@ -145,6 +147,8 @@ pub struct Model {
     pub raw_config: Value,
     /// The stored dtypes and what loading did to them.
     pub dtypes: DtypeReport,
+    /// How its embeddings are pooled and normalized.
+    pub embedding: pooling::EmbedSpec,
 }
 
 /// Loads the model directory `dir` with the default dtype policy.
@@ -208,6 +212,16 @@ fn load_parts_sharded(
     let dtypes = dtypes::apply(&mut tensors, policy, dtypes::cpu_backend(), |module| {
         layers::cpu_qmm::reads_half_scales(module, quantization.for_layer(module))
     })?;
+    // Embedding checkpoints of decoder families (Qwen3-Embedding) store the
+    // decoder without its `model.` prefix and without a head.
+    if !tensors.keys().any(|k| k.starts_with("model."))
+        && tensors.contains_key("embed_tokens.weight")
+    {
+        tensors = tensors
+            .into_iter()
+            .map(|(k, v)| (format!("model.{k}"), v))
+            .collect();
+    }
     let mut weights = Weights::from_map(tensors);
     let path = path.to_owned();
     let has_lm_head = weights.contains("lm_head.weight");
@@ -318,6 +332,15 @@ fn load_parts_sharded(
             let dims = m.dims().clone();
             ((Network::Gemma4(m), dims), Some(c.max_position_embeddings))
         }
+        Architecture::Bert => {
+            let c: bert::Config = config::typed(&path, &raw)?;
+            let m = bert::Bert::load(&path, &mut weights, q, &c)?;
+            let dims = m.dims().clone();
+            (
+                (Network::Bert(m), dims),
+                Some(c.max_position_embeddings as u32),
+            )
+        }
         Architecture::Gemma2 => {
             let c: gemma2::Config = config::typed(&path, &raw)?;
             let m = gemma2::Gemma2::load(&path, &mut weights, q, &c)?;
@@ -329,6 +352,11 @@ fn load_parts_sharded(
     let params = decoder.parameters();
     mlx_rs::transforms::eval(params.iter().copied()).phase("loading weights")?;
     let weight_bytes = params.iter().map(|a| a.nbytes()).sum();
+    // A model directory's sentence-transformers files (a GGUF file has none).
+    let dir = (path.file_name() == Some(std::ffi::OsStr::new("config.json")))
+        .then(|| path.parent())
+        .flatten();
+    let embedding = pooling::EmbedSpec::read(dir, architecture == Architecture::Bert)?;
     Ok(Model {
         architecture,
         decoder,
@@ -338,10 +366,73 @@ fn load_parts_sharded(
         weight_bytes,
         raw_config: raw,
         dtypes,
+        embedding,
     })
 }
 
 impl Model {
+    /// Whether it generates text (an encoder only embeds).
+    pub fn generates(&self) -> bool {
+        !matches!(self.decoder, Network::Bert(_))
+    }
+
+    /// Most tokens one input to [`Self::embed`] may have (`None`: the
+    /// context bounds it).
+    pub fn embed_positions(&self) -> Option<usize> {
+        match &self.decoder {
+            Network::Bert(m) => Some(m.max_positions() as usize),
+            _ => None,
+        }
+    }
+
+    /// Embeds each of `rows` (token ids, at least one each) in one forward
+    /// pass: the rows right-padded to the longest, the last hidden states
+    /// pooled over each row's real tokens, cut to `dims` values (at most
+    /// the hidden size) and normalized as [`Self::embedding`] says:
+    /// `[rows, dims]` float32. A decoder attends causally, so its padding
+    /// (after every real token) changes none of them.
+    pub fn embed(&self, rows: &[Vec<u32>], dims: i32) -> Result<Array> {
+        let b = rows.len() as i32;
+        let l = rows.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let mut ids = vec![0i32; b as usize * l];
+        let mut mask = vec![0f32; b as usize * l];
+        for (r, row) in rows.iter().enumerate() {
+            for (i, &t) in row.iter().enumerate() {
+                ids[r * l + i] = t as i32;
+                mask[r * l + i] = 1.0;
+            }
+        }
+        let lengths: Vec<i32> = rows.iter().map(|r| r.len() as i32).collect();
+        let (l, bad) = (
+            l as i32,
+            rows.iter()
+                .flatten()
+                .any(|&t| t as i64 >= self.dims.vocab as i64),
+        );
+        if bad {
+            return Err(crate::error::RunnerError::Request(format!(
+                "a token id is outside the vocabulary of {}",
+                self.dims.vocab
+            )));
+        }
+        let tokens = Array::from_slice(&ids, &[b, l]);
+        let mask = Array::from_slice(&mask, &[b, l]);
+        let hidden = match &self.decoder {
+            Network::Bert(m) => m.forward(&tokens, &mask),
+            network => {
+                let mut caches = self.new_caches();
+                network.forward(&tokens, &mut caches)
+            }
+        }
+        .phase("embedding")?;
+        let dims = dims.clamp(1, self.dims.hidden);
+        let out = pooling::pool(self.embedding, &hidden, &mask, &lengths, dims)
+            .and_then(|a| a.contiguous())
+            .phase("pooling")?;
+        mlx_rs::transforms::eval([&out]).phase("embedding")?;
+        Ok(out)
+    }
+
     /// The dtype the model computes in (that of its norms' weights).
     pub fn dtype(&self) -> mlx_rs::Dtype {
         self.decoder.compute_dtype()

@@ -4,6 +4,7 @@
 use mlx_rs::Array;
 use mlx_rs::error::Exception;
 
+use super::bert::Bert;
 use super::gemma2::Gemma2;
 use super::gemma3::Gemma3;
 use super::gemma4::Gemma4;
@@ -20,6 +21,13 @@ pub enum Network {
     Gemma4(Gemma4),
     GptOss(GptOss),
     Glm4MoeLite(Glm4MoeLite),
+    /// An encoder: it embeds ([`Bert::forward`]); it has no caches and
+    /// no vocabulary head, so `forward` and `logits` refuse.
+    Bert(Bert),
+}
+
+fn encoder_only() -> Exception {
+    Exception::custom("an encoder model embeds; it does not generate")
 }
 
 impl Network {
@@ -37,6 +45,7 @@ impl Network {
             Network::Gemma4(m) => m.forward(tokens, caches),
             Network::GptOss(m) => m.forward(tokens, caches),
             Network::Glm4MoeLite(m) => m.forward(tokens, caches),
+            Network::Bert(_) => Err(encoder_only()),
         }
     }
 
@@ -78,6 +87,7 @@ impl Network {
             Network::Gemma4(m) => m.logits(hidden),
             Network::GptOss(m) => m.logits(hidden),
             Network::Glm4MoeLite(m) => m.logits(hidden),
+            Network::Bert(_) => Err(encoder_only()),
         }
     }
 
@@ -90,6 +100,7 @@ impl Network {
             Network::Gemma4(m) => &m.dims().kinds,
             Network::GptOss(m) => &m.dims().kinds,
             Network::Glm4MoeLite(m) => &m.dims().kinds,
+            Network::Bert(m) => &m.dims().kinds,
         }
     }
 
@@ -98,6 +109,7 @@ impl Network {
     pub fn num_layers(&self) -> usize {
         match self {
             Network::Gemma4(m) => m.num_layers(),
+            Network::Bert(m) => m.num_layers(),
             _ => self.kinds().len(),
         }
     }
@@ -111,6 +123,7 @@ impl Network {
             Network::Gemma4(m) => m.parameters(),
             Network::GptOss(m) => m.parameters(),
             Network::Glm4MoeLite(m) => m.parameters(),
+            Network::Bert(m) => m.parameters(),
         }
     }
 
@@ -134,6 +147,7 @@ impl Network {
             Network::Gemma4(m) => m.compute_dtype(),
             Network::GptOss(m) => m.compute_dtype(),
             Network::Glm4MoeLite(m) => m.compute_dtype(),
+            Network::Bert(m) => m.compute_dtype(),
         }
     }
 }

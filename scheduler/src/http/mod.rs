@@ -1,6 +1,6 @@
 //! The daemon's HTTP/JSON APIs, OpenAI's ([`openai`], and its Responses:
-//! [`responses`]), ollama's ([`ollama`]) and Anthropic's Messages
-//! ([`anthropic`]), on the same
+//! [`responses`]), ollama's ([`ollama`]), Anthropic's Messages
+//! ([`anthropic`]) and both embedding APIs ([`embeddings`]), on the same
 //! address as its gRPC API: gRPC paths
 //! (`/grove.v1.Grove/…`) and HTTP paths (`/v1/…`, `/api/…`) share one
 //! router. Every handler calls the same [`Api`] the gRPC service is, so a
@@ -12,6 +12,7 @@
 //! (GROVE_ORIGINS, off by default); a request body limit (GROVE_MAX_BODY).
 pub mod anthropic;
 mod anthropic_types;
+pub mod embeddings;
 mod logprobs;
 pub mod ollama;
 mod ollama_types;
@@ -68,6 +69,7 @@ pub fn routes(api: Arc<Api>, config: &HttpConfig) -> Router {
         .merge(ollama::routes())
         .merge(anthropic::routes())
         .merge(responses::routes())
+        .merge(embeddings::routes())
         .with_state(api)
         .layer(DefaultBodyLimit::max(config.max_body_bytes));
     match cors(&config.cors_origins) {

@@ -60,3 +60,32 @@ impl RmsNorm {
         vec![&self.weight]
     }
 }
+
+/// `(x - mean(x)) / sqrt(var(x) + eps) * weight + bias` (`mx.fast.layer_norm`;
+/// BERT's `LayerNorm`).
+pub struct LayerNorm {
+    weight: Array,
+    bias: Array,
+    eps: f32,
+}
+
+impl LayerNorm {
+    /// Loads `{prefix}.weight` and `{prefix}.bias` of length `dim`.
+    pub fn load(w: &mut Weights, prefix: &str, dim: i32, eps: f32) -> Result<Self> {
+        Ok(Self {
+            weight: w.take_float(&format!("{prefix}.weight"), &[dim])?,
+            bias: w.take_float(&format!("{prefix}.bias"), &[dim])?,
+            eps,
+        })
+    }
+
+    /// Normalises over the last axis.
+    pub fn forward(&self, x: &Array) -> Result<Array, Exception> {
+        mlx_rs::fast::layer_norm(x, &self.weight, &self.bias, self.eps)
+    }
+
+    /// The arrays this norm holds.
+    pub fn parameters(&self) -> Vec<&Array> {
+        vec![&self.weight, &self.bias]
+    }
+}
