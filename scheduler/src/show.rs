@@ -70,7 +70,10 @@ pub fn show(model: &Resolved) -> Result<pb::ShowResponse, String> {
         .and_then(Value::as_u64);
     let size = model_size(dir)?;
     let params = parameter_count(dir, &config)?;
+    let encoder = config.get("model_type").and_then(Value::as_str) == Some("bert");
     Ok(pb::ShowResponse {
+        generates: !encoder,
+        embeds: encoder || dir.join("modules.json").is_file(),
         name: model.name.clone(),
         path: dir.display().to_string(),
         architecture: config
@@ -165,6 +168,8 @@ fn show_gguf(model: &Resolved) -> Result<pb::ShowResponse, String> {
             .and_then(Value::as_u64)
             .unwrap_or(0) as u32,
         chat_template: template,
+        generates: true,
+        embeds: false,
         license: meta
             .str("general.license")
             .ok()

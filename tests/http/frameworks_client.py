@@ -10,8 +10,8 @@ from typing import Literal
 
 import instructor
 import openai
-from langchain_ollama import ChatOllama
-from langchain_openai import ChatOpenAI
+from langchain_ollama import ChatOllama, OllamaEmbeddings
+from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 from pydantic import BaseModel, Field
 
 base, key, model = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -59,6 +59,17 @@ so = ChatOllama(base_url=base, model=model, temperature=0, num_predict=200, clie
 po = so.with_structured_output(Person, method="json_schema").invoke("A person, as JSON")
 show("ChatOllama.with_structured_output(Person)", po.model_dump())
 assert isinstance(po, Person)
+
+# LangChain's embeddings, OpenAI's (no tiktoken: it would download its tables)
+# and ollama's: the same vectors both ways, a query equal to its document.
+oe = OpenAIEmbeddings(base_url=f"{base}/v1", api_key=key, model=model, check_embedding_ctx_length=False, max_retries=0)
+docs = oe.embed_documents(["Paris", "Rome"])
+assert len(docs) == 2 and abs(sum(v * v for v in docs[0]) - 1) < 1e-3
+ol = OllamaEmbeddings(base_url=base, model=model, client_kwargs={"headers": headers})
+docs_o = ol.embed_documents(["Paris", "Rome"])
+assert max(abs(a - b) for a, b in zip(docs[1], docs_o[1])) < 1e-5
+assert max(abs(a - b) for a, b in zip(ol.embed_query("Paris"), docs_o[0])) < 1e-6
+show("OpenAIEmbeddings / OllamaEmbeddings", {"dims": len(docs[0])})
 
 # instructor over the openai client: a pydantic model back (tool mode, then JSON schema mode).
 for mode in (instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA):

@@ -26,6 +26,11 @@ async function main() {
   show('openai: responses.create', { status: rr.status, output_text: rr.output_text });
   assert.equal(rr.output_text, r.choices[0].message.content);
   await assert.rejects(client.chat.completions.create({ model, messages, temperature: -1 }), OpenAI.BadRequestError);
+  // Embeddings (a decoder embeds with its last token, normalized): the SDK's
+  // default base64 decoded, and the same vectors from ollama's embed.
+  const e = await client.embeddings.create({ model, input: ['Paris', 'Rome'] });
+  assert.equal(e.data.length, 2);
+  assert.ok(Math.abs(Math.hypot(...e.data[0].embedding) - 1) < 1e-4);
 
   const ollama = new Ollama({ host: base, headers: { Authorization: `Bearer ${key}` } });
   const options = { num_predict: 8, temperature: 0 };
@@ -37,6 +42,10 @@ async function main() {
   assert.equal(os, o.message.content);
   const g = await ollama.generate({ model, prompt: 'Once upon a time', raw: true, options: { num_predict: 4 } });
   assert.equal(g.eval_count, 4);
+  const oe = await ollama.embed({ model, input: ['Paris', 'Rome'] });
+  assert.equal(oe.embeddings.length, 2);
+  oe.embeddings[1].forEach((v, i) => assert.ok(Math.abs(v - e.data[1].embedding[i]) < 1e-5));
+  show('embeddings', { openai: e.data[0].embedding.length, ollama: oe.embeddings[0].length });
   const tags = await ollama.list();
   assert.ok(tags.models.some((m) => m.model === model));
   console.log('node clients: all checks passed');

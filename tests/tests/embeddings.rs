@@ -177,6 +177,23 @@ async fn grpc_embed_and_refusals() -> Result<()> {
     .await?;
     ensure!(r.status == 200, "{r:?}");
 
+    // ollama's show says what each model does.
+    for (dir, want) in [
+        (&bert, json!(["embedding"])),
+        (&qwen, json!(["completion", "embedding"])),
+    ] {
+        let body = json!({"model": dir});
+        let r = send(
+            &d.addr,
+            "POST",
+            "/api/show",
+            &headers,
+            body.to_string().as_bytes(),
+        )
+        .await?;
+        ensure!(r.json()?["capabilities"] == want, "{dir}: {r:?}");
+    }
+
     // An encoder does not generate: a clear error, not a crash.
     let body = json!({"model": bert, "prompt": "hello", "stream": false});
     let r = send(

@@ -419,12 +419,18 @@ async fn show(State(api): State<Arc<Api>>, body: Result<Bytes, BytesRejection>) 
         Ok(r) => r.into_inner(),
         Err(s) => return status_error(&s),
     };
-    let mut capabilities = vec!["completion"];
-    if s.chat_template.contains("tools") {
-        capabilities.push("tools");
+    let mut capabilities = Vec::new();
+    if s.generates {
+        capabilities.push("completion");
+        if s.chat_template.contains("tools") {
+            capabilities.push("tools");
+        }
+        if s.chat_template.contains("enable_thinking") || s.chat_template.contains("<think>") {
+            capabilities.push("thinking");
+        }
     }
-    if s.chat_template.contains("enable_thinking") || s.chat_template.contains("<think>") {
-        capabilities.push("thinking");
+    if s.embeds {
+        capabilities.push("embedding");
     }
     let arch = s.architecture.clone();
     let body = json!({
