@@ -237,6 +237,8 @@ bench: build fixtures default-model $(GROVE_HOME)/.bench-stamp
 	@echo "bench: the HTTP APIs against gRPC on one request, and structured output's cost per token"
 	$(BIN)/grove-api-bench $(FIXTURES)/qwen3-moe-f32 128 7
 	$(BIN)/grove-api-bench $(DEFAULT_MODEL) 48 3
+	@echo "bench: embeddings, Grove against mlx-embeddings at batch 1, 8 and 32 (and HTTP against gRPC)"
+	$(PYTHON) tests/bench/embed_bench.py --bin $(BIN)/grove-embed-bench --fixtures $(FIXTURES)
 
 lint: setup
 	$(CARGO) fmt --all -- --check

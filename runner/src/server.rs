@@ -430,7 +430,9 @@ impl Runner for Service {
             )));
         }
         let vocab = facts.map_or(usize::MAX, |f| f.vocab_size);
-        let (mut job, prompt, mut constraint) = job(req.into_inner(), vocab)?;
+        let req = req.into_inner();
+        let share_prefill = req.share_prefill;
+        let (mut job, prompt, mut constraint) = job(req, vocab)?;
         let wants_logprobs = job.logprobs.is_some();
         if let (Some(Constraint::ToolCall(name)), Prompt::Chat(request, _, split)) =
             (&constraint, &prompt)
@@ -482,6 +484,17 @@ impl Runner for Service {
         if *broken.borrow() {
             return Err(group_lost());
         }
+        // The first of several choices on this prompt: the prompt but its last
+        // token goes into the prompt cache first (the engine holds back
+        // generations on it until then), so every choice starts from it.
+        let _shared = match share_prefill && job.input.len() > 1 {
+            true => Some(
+                self.engine
+                    .queue_prewarm(job.input[..job.input.len() - 1].to_vec())
+                    .map_err(submit_status)?,
+            ),
+            false => None,
+        };
         let mut events = self.engine.generate(job).map_err(submit_status)?;
         // Errors before the stream starts are statuses; after, they end the stream.
         let first = tokio::select! {

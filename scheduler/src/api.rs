@@ -82,6 +82,7 @@ pub(crate) fn runner_request(
         num_ctx: o.num_ctx.unwrap_or(0),
         prefill_chunk: o.prefill_chunk.unwrap_or(0),
         top_logprobs: o.top_logprobs,
+        share_prefill: o.share_prefill,
         kv_bits: o.kv_bits,
         kv_group_size: o.kv_group_size,
         quantized_kv_start: o.quantized_kv_start,

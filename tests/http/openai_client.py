@@ -250,6 +250,12 @@ show("n=4 greedy: choices", texts)
 assert [c.index for c in g.choices] == [0, 1, 2, 3] and len(set(texts)) == 1, texts
 assert g.usage.completion_tokens == 4 * client.chat.completions.create(
     model=model, messages=messages, max_tokens=6, temperature=0).usage.completion_tokens
+# The choices share one prefill: the first puts the prompt into the prompt
+# cache, and every choice starts from it (all of it but the last token cached).
+fresh = [{"role": "user", "content": "Name three rivers of Europe, one per line, and nothing else."}]
+u = client.chat.completions.create(model=model, messages=fresh, max_tokens=4, temperature=0, n=3).usage
+show("n=3 on a fresh prompt: usage", u.model_dump())
+assert u.prompt_tokens_details.cached_tokens == u.prompt_tokens - 1, u
 s = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=1, seed=7, n=3)
 texts = [c.message.content for c in s.choices]
 alone = [client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=1, seed=7 + i)

@@ -58,6 +58,16 @@ impl Worker {
             {
                 return;
             }
+            // A generation whose prompt a prewarm is putting into the prompt
+            // cache (the choices of one request) waits for it, and then
+            // starts from the cache instead of prefilling the same tokens.
+            if let Request::Generate { job, .. } = request
+                && s.prefilling_rows().any(|p| {
+                    p.is_prewarm() && !p.prompt.is_empty() && job.input.starts_with(&p.prompt)
+                })
+            {
+                return;
+            }
             let kv = kv_of(l, request);
             if let Some(active) = active_kv(s)
                 && active != kv

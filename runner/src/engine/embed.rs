@@ -127,7 +127,8 @@ fn run(l: &Loaded, calls: Vec<Call>) {
             })
             .collect();
         let width = dims(at);
-        match l.model.embed(&rows, width as i32).and_then(|a| {
+        let r = l.model.embed(&rows, width as i32);
+        match r.and_then(|a| {
             a.try_as_slice::<f32>()
                 .map(<[f32]>::to_vec)
                 .map_err(|e| RunnerError::Mlx {

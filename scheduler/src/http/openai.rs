@@ -125,6 +125,11 @@ where
         if let Some(seed) = r.seed_mut() {
             *seed = seed.wrapping_add(u64::from(i));
         }
+        // The first puts the prompt into the runner's prompt cache; every
+        // choice starts from it (the prompt is prefilled once).
+        if n > 1 && i == 0 {
+            r.share_prefill();
+        }
         out.push(start(r).await?.into_inner());
     }
     Ok(out)
@@ -133,15 +138,26 @@ where
 /// A request whose options may carry a seed.
 trait Seeded {
     fn seed_mut(&mut self) -> Option<&mut u64>;
+    fn share_prefill(&mut self);
 }
 impl Seeded for pb::ChatRequest {
     fn seed_mut(&mut self) -> Option<&mut u64> {
         self.options.as_mut()?.seed.as_mut()
     }
+    fn share_prefill(&mut self) {
+        self.options
+            .get_or_insert_with(Default::default)
+            .share_prefill = true;
+    }
 }
 impl Seeded for pb::GenerateRequest {
     fn seed_mut(&mut self) -> Option<&mut u64> {
         self.options.as_mut()?.seed.as_mut()
+    }
+    fn share_prefill(&mut self) {
+        self.options
+            .get_or_insert_with(Default::default)
+            .share_prefill = true;
     }
 }
 
