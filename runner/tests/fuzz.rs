@@ -212,6 +212,7 @@ fn sample_request() -> pb::GenerateRequest {
             ..Default::default()
         }),
         stop: vec!["\n\n".into()],
+        share_prefill: true,
         max_tokens: 16,
         num_ctx: 512,
         prefill_chunk: 64,
