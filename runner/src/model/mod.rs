@@ -10,6 +10,7 @@
 pub mod bert;
 pub mod config;
 pub mod dtypes;
+mod embed;
 pub mod gemma2;
 pub mod gemma3;
 pub mod gemma4;
@@ -371,68 +372,6 @@ fn load_parts_sharded(
 }
 
 impl Model {
-    /// Whether it generates text (an encoder only embeds).
-    pub fn generates(&self) -> bool {
-        !matches!(self.decoder, Network::Bert(_))
-    }
-
-    /// Most tokens one input to [`Self::embed`] may have (`None`: the
-    /// context bounds it).
-    pub fn embed_positions(&self) -> Option<usize> {
-        match &self.decoder {
-            Network::Bert(m) => Some(m.max_positions() as usize),
-            _ => None,
-        }
-    }
-
-    /// Embeds each of `rows` (token ids, at least one each) in one forward
-    /// pass: the rows right-padded to the longest, the last hidden states
-    /// pooled over each row's real tokens, cut to `dims` values (at most
-    /// the hidden size) and normalized as [`Self::embedding`] says:
-    /// `[rows, dims]` float32. A decoder attends causally, so its padding
-    /// (after every real token) changes none of them.
-    pub fn embed(&self, rows: &[Vec<u32>], dims: i32) -> Result<Array> {
-        let b = rows.len() as i32;
-        let l = rows.iter().map(Vec::len).max().unwrap_or(0).max(1);
-        let mut ids = vec![0i32; b as usize * l];
-        let mut mask = vec![0f32; b as usize * l];
-        for (r, row) in rows.iter().enumerate() {
-            for (i, &t) in row.iter().enumerate() {
-                ids[r * l + i] = t as i32;
-                mask[r * l + i] = 1.0;
-            }
-        }
-        let lengths: Vec<i32> = rows.iter().map(|r| r.len() as i32).collect();
-        let (l, bad) = (
-            l as i32,
-            rows.iter()
-                .flatten()
-                .any(|&t| t as i64 >= self.dims.vocab as i64),
-        );
-        if bad {
-            return Err(crate::error::RunnerError::Request(format!(
-                "a token id is outside the vocabulary of {}",
-                self.dims.vocab
-            )));
-        }
-        let tokens = Array::from_slice(&ids, &[b, l]);
-        let mask = Array::from_slice(&mask, &[b, l]);
-        let hidden = match &self.decoder {
-            Network::Bert(m) => m.forward(&tokens, &mask),
-            network => {
-                let mut caches = self.new_caches();
-                network.forward(&tokens, &mut caches)
-            }
-        }
-        .phase("embedding")?;
-        let dims = dims.clamp(1, self.dims.hidden);
-        let out = pooling::pool(self.embedding, &hidden, &mask, &lengths, dims)
-            .and_then(|a| a.contiguous())
-            .phase("pooling")?;
-        mlx_rs::transforms::eval([&out]).phase("embedding")?;
-        Ok(out)
-    }
-
     /// The dtype the model computes in (that of its norms' weights).
     pub fn dtype(&self) -> mlx_rs::Dtype {
         self.decoder.compute_dtype()
