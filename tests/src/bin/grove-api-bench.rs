@@ -4,7 +4,8 @@
 //! 1. One greedy chat (the prompt cached after a warm-up), `TOKENS` new
 //!    tokens, `ROUNDS` times each way, interleaved: gRPC `Chat`, OpenAI's
 //!    `/v1/chat/completions` streamed (SSE) and not, ollama's `/api/chat`
-//!    streamed (NDJSON), Anthropic's `/v1/messages` streamed, and OpenAI's
+//!    streamed (NDJSON), Anthropic's `/v1/messages` streamed, OpenAI's
+//!    Responses (`/v1/responses`) streamed, and OpenAI's
 //!    SSE with `logprobs` (5 alternatives: the engine's log-softmax and
 //!    top-k per token, and their JSON). The HTTP overhead is the difference
 //!    of the median wall times, as a share of gRPC's decode time.
@@ -69,13 +70,28 @@ async fn http_stream(
     body: &serde_json::Value,
     last: &str,
 ) -> Result<Duration> {
+    http_stream_any(d, path, body, &[last]).await
+}
+
+/// Until a line holding any of `ends` (Responses: completed, or incomplete
+/// where the token limit cut the reply).
+async fn http_stream_any(
+    d: &Daemon,
+    path: &str,
+    body: &serde_json::Value,
+    ends: &[&str],
+) -> Result<Duration> {
     let t = Instant::now();
     let mut lines = Lines::open(&d.addr, path, &HEADERS, &body.to_string()).await?;
     if lines.status != 200 {
         bail!("{path}: HTTP {}", lines.status);
     }
-    lines.next_with(last).await?;
-    Ok(t.elapsed())
+    loop {
+        let line = lines.next_with("").await?;
+        if ends.iter().any(|e| line.contains(e)) {
+            return Ok(t.elapsed());
+        }
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -97,6 +113,8 @@ async fn main() -> Result<()> {
                         "options": {"num_predict": tokens, "temperature": 0}});
     let anthropic = json!({"model": model, "messages": [{"role": "user", "content": PROMPT}],
                            "max_tokens": tokens, "temperature": 0, "stream": true});
+    let responses = json!({"model": model, "input": PROMPT, "max_output_tokens": tokens,
+                           "temperature": 0, "stream": true});
     let mut with_logprobs = openai(true);
     with_logprobs["logprobs"] = json!(true);
     with_logprobs["top_logprobs"] = json!(5);
@@ -105,11 +123,16 @@ async fn main() -> Result<()> {
     let (_, m) = grpc(&mut c, chat(&model, tokens, None)).await?;
     let generated = m.eval_tokens;
     let (mut g, mut decode, mut sse, mut whole, mut nd) = (vec![], vec![], vec![], vec![], vec![]);
-    let (mut messages, mut lp) = (vec![], vec![]);
+    let (mut messages, mut lp, mut resp, mut g_lp) = (vec![], vec![], vec![], vec![]);
+    let mut chat_lp = chat(&model, tokens, None);
+    if let Some(o) = chat_lp.options.as_mut() {
+        o.top_logprobs = Some(5);
+    }
     for round in 0..rounds {
         // Each way goes first in turn, so none always follows another.
-        for k in 0..6 {
-            match (round + k) % 6 {
+        for k in 0..8 {
+            match (round + k) % 8 {
+                7 => g_lp.push(grpc(&mut c, chat_lp.clone()).await?.0),
                 0 => {
                     let (wall, m) = grpc(&mut c, chat(&model, tokens, None)).await?;
                     g.push(wall);
@@ -136,6 +159,15 @@ async fn main() -> Result<()> {
                 3 => nd.push(http_stream(&d, "/api/chat", &ollama, "\"done\":true").await?),
                 4 => messages
                     .push(http_stream(&d, "/v1/messages", &anthropic, "\"message_stop\"").await?),
+                5 => resp.push(
+                    http_stream_any(
+                        &d,
+                        "/v1/responses",
+                        &responses,
+                        &["event: response.completed", "event: response.incomplete"],
+                    )
+                    .await?,
+                ),
                 _ => lp
                     .push(http_stream(&d, "/v1/chat/completions", &with_logprobs, "[DONE]").await?),
             }
@@ -156,7 +188,7 @@ async fn main() -> Result<()> {
         ("OpenAI not streamed", whole),
         ("ollama NDJSON", nd),
         ("Anthropic SSE", messages),
-        ("OpenAI SSE, logprobs (5)", lp),
+        ("Responses SSE", resp),
     ] {
         let least = *v.iter().min().context("no rounds")?;
         let m = median(v);
@@ -170,6 +202,22 @@ async fn main() -> Result<()> {
             share(over_least)
         );
     }
+    // Log-probabilities against gRPC with them: what the HTTP side adds.
+    let (lp_g_min, lp_g) = (*g_lp.iter().min().context("no rounds")?, median(g_lp));
+    let (least, m) = (*lp.iter().min().context("no rounds")?, median(lp));
+    println!(
+        "  gRPC Chat, logprobs (5)   {:>9.2} ms ({:.2}); {:+.2}% of decode over gRPC without",
+        lp_g.as_secs_f64() * 1e3,
+        lp_g_min.as_secs_f64() * 1e3,
+        share(lp_g.as_secs_f64() - g.as_secs_f64())
+    );
+    println!(
+        "  OpenAI SSE, logprobs (5)  {:>9.2} ms ({:.2}); overhead {:+.2}% of decode ({:+.2}%) over gRPC with them",
+        m.as_secs_f64() * 1e3,
+        least.as_secs_f64() * 1e3,
+        share(m.as_secs_f64() - lp_g.as_secs_f64()),
+        share(least.as_secs_f64() - lp_g_min.as_secs_f64())
+    );
 
     // Structured output.
     let schema = json!({"type": "object", "properties": {
