@@ -16,10 +16,15 @@ CARGO_FLAGS ?= --release
 
 UNAME_S := $(shell uname -s)
 ifeq ($(UNAME_S),Darwin)
-  # On macOS the glue builds MLX from source with Metal; cmake and clang come from Xcode.
-  export CMAKE := cmake
+  # On macOS MLX comes from the mlx-metal wheel (libmlx.dylib, mlx.metallib,
+  # headers, CMake files), as mlx-cpu's does on Linux: no Xcode, only the
+  # Command Line Tools (the C++ compiler, the SDK). cmake from PyPI, where its
+  # binary sits inside CMake.app.
+  MLX_BACKEND_WHEEL := mlx-metal==$(MLX_VERSION)
+  export CMAKE = $(shell PYTHONPATH=$(PY_DIR) $(PYTHON) -c 'import cmake, os; print(os.path.join(cmake.CMAKE_BIN_DIR, "cmake"))' 2>/dev/null)
   SETUP_TARGETS := $(GROVE_HOME)/.py-stamp $(GROVE_HOME)/.mlx-c-stamp
 else
+  MLX_BACKEND_WHEEL := mlx-cpu==$(MLX_VERSION)
   SETUP_TARGETS := $(GROVE_HOME)/.py-stamp $(GROVE_HOME)/.mlx-c-stamp $(GROVE_HOME)/.openblas-stamp
   ifeq ($(GROVE_BACKEND),cuda)
     # Built against the CPU wheel's headers (the ABI is the same); the binaries'
@@ -52,7 +57,7 @@ setup: $(SETUP_TARGETS)
 $(GROVE_HOME)/.py-stamp:
 	@mkdir -p $(GROVE_HOME)
 	@echo "setup: Python packages into $(PY_DIR)"
-	$(PIP) $(PY_DIR) mlx==$(MLX_VERSION) mlx-cpu==$(MLX_VERSION) mlx-lm==$(MLX_VERSION) \
+	$(PIP) $(PY_DIR) mlx==$(MLX_VERSION) $(MLX_BACKEND_WHEEL) mlx-lm==$(MLX_VERSION) \
 	  tokenizers cmake libclang gguf==0.19.0
 	@touch $@
 

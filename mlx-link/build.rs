@@ -3,9 +3,10 @@
 //! Inputs (set by the Makefile, or by `.cargo/config.toml` for plain `cargo`):
 //! - `GROVE_MLX_C_DIR`: mlx-c's sources, unpacked from the registry's mlx-sys 0.7.0
 //!   package at set-up time (nothing of it is committed here).
-//! - `GROVE_MLX_PREFIX` (Linux): an MLX install prefix holding `lib/libmlx.so`,
-//!   `include/` and `share/cmake/MLX/`, i.e. the `mlx/` folder of the `mlx-cpu` or
-//!   `mlx-cuda-13` wheel.
+//! - `GROVE_MLX_PREFIX`: an MLX install prefix holding `lib/libmlx.so` (macOS:
+//!   `lib/libmlx.dylib` and `lib/mlx.metallib`), `include/` and
+//!   `share/cmake/MLX/`, i.e. the `mlx/` folder of the `mlx-cpu` or `mlx-cuda-13`
+//!   wheel (Linux) or of the `mlx-metal` wheel (macOS).
 //! - `CMAKE`, `LIBCLANG_PATH`: the cmake binary and libclang (both from PyPI).
 //!
 //! Steps: 1. configure and build mlx-c with CMake; 2. build Grove's CPU
@@ -57,36 +58,34 @@ fn main() {
         .define("BUILD_SHARED_LIBS", "OFF")
         // A debug mlx-c only slows every FFI call; nothing of it is debugged here.
         .profile("Release");
-    let lib_dir = if target_os == "macos" {
-        // MLX is built from source with Metal, as the crates.io mlx-sys does.
-        cfg.define("MLX_BUILD_METAL", "ON")
-            .define("MLX_BUILD_ACCELERATE", "ON");
-        None
-    } else {
-        let prefix = required_dir(
-            "GROVE_MLX_PREFIX",
-            "an MLX prefix (the `mlx/` folder of the mlx-cpu or mlx-cuda-13 wheel)",
+    // MLX from its wheel on every platform: `mlx-cpu` or `mlx-cuda-13` on
+    // Linux, `mlx-metal` on macOS (libmlx.dylib, mlx.metallib, headers and
+    // CMake files in the same layout), so a Mac needs no Xcode Metal compiler.
+    let prefix = required_dir(
+        "GROVE_MLX_PREFIX",
+        "an MLX prefix (the `mlx/` folder of the mlx-cpu, mlx-cuda-13 or mlx-metal wheel)",
+    );
+    let cmake_dir = prefix.join("share/cmake/MLX");
+    if !cmake_dir.join("MLXConfig.cmake").is_file() {
+        panic!(
+            "{} has no MLXConfig.cmake: GROVE_MLX_PREFIX must be an MLX install prefix",
+            cmake_dir.display()
         );
-        let cmake_dir = prefix.join("share/cmake/MLX");
-        if !cmake_dir.join("MLXConfig.cmake").is_file() {
-            panic!(
-                "{} has no MLXConfig.cmake: GROVE_MLX_PREFIX must be an MLX install prefix",
-                cmake_dir.display()
-            );
-        }
+    }
+    cfg.define("MLX_C_USE_SYSTEM_MLX", "ON")
+        .define("CMAKE_PREFIX_PATH", &prefix)
+        .define("MLX_DIR", &cmake_dir);
+    if target_os != "macos" {
         let compat = manifest.join("cxx/compat.h");
-        cfg.define("MLX_C_USE_SYSTEM_MLX", "ON")
-            .define("CMAKE_PREFIX_PATH", &prefix)
-            .define("MLX_DIR", &cmake_dir)
-            .cxxflag(format!("-include {}", compat.display()));
-        Some(prefix.join("lib"))
-    };
+        cfg.cxxflag(format!("-include {}", compat.display()));
+    }
+    let lib_dir = prefix.join("lib");
     let dst = cfg.build();
 
-    // 2. Grove's CPU primitive (Linux: built against the wheel's headers).
+    // 2. Grove's CPU primitive and OpenBLAS (Linux: the CPU backend's).
     println!("cargo::rustc-check-cfg=cfg(grove_cpu_qmm)");
-    if let Some(lib) = &lib_dir {
-        build_cpu_qmm(&manifest, &mlx_c, &lib.with_file_name("include"));
+    if target_os != "macos" {
+        build_cpu_qmm(&manifest, &mlx_c, &prefix.join("include"));
         println!("cargo:rustc-cfg=grove_cpu_qmm");
         link_openblas(&manifest);
     }
@@ -96,28 +95,14 @@ fn main() {
         println!("cargo:rustc-link-search=native={}", dst.join(sub).display());
     }
     println!("cargo:rustc-link-lib=static=mlxc");
-    match &lib_dir {
-        Some(lib) => {
-            println!("cargo:rustc-link-search=native={}", lib.display());
-            println!("cargo:rustc-link-lib=dylib=mlx");
-            println!("cargo:rustc-link-lib=dylib=stdc++");
-            // Dependents with their own build script read this as DEP_MLX_LIB_DIR.
-            println!("cargo:lib_dir={}", lib.display());
-        }
-        None => {
-            let build = dst.join("build");
-            println!(
-                "cargo:rustc-link-search=native={}/_deps/mlx-build",
-                build.display()
-            );
-            println!("cargo:rustc-link-lib=static=mlx");
-            println!("cargo:rustc-link-lib=c++");
-            println!("cargo:rustc-link-lib=dylib=objc");
-            println!("cargo:rustc-link-lib=framework=Foundation");
-            println!("cargo:rustc-link-lib=framework=Metal");
-            println!("cargo:rustc-link-lib=framework=Accelerate");
-        }
-    }
+    println!("cargo:rustc-link-search=native={}", lib_dir.display());
+    println!("cargo:rustc-link-lib=dylib=mlx");
+    // libmlx's C++ runtime: libstdc++ on Linux, libc++ on macOS (its
+    // frameworks, Metal and Accelerate, are libmlx.dylib's own dependencies).
+    let cxx_runtime = if target_os == "macos" { "c++" } else { "stdc++" };
+    println!("cargo:rustc-link-lib=dylib={cxx_runtime}");
+    // Dependents with their own build script read this as DEP_MLX_LIB_DIR.
+    println!("cargo:lib_dir={}", lib_dir.display());
 
     // 4. Bindings.
     let mut builder = bindgen::Builder::default()
@@ -132,11 +117,14 @@ fn main() {
             "-include{}",
             manifest.join("cxx/bindgen.h").display()
         ));
-        // libclang from PyPI ships no builtin headers (float.h, stddef.h): use the
-        // C compiler's.
-        if let Some(dir) = compiler_include_dir() {
-            builder = builder.clang_arg(format!("-isystem{}", dir.display()));
-        }
+    } else if let Some(sdk) = macos_sdk() {
+        // The C library's headers come from the Command Line Tools' SDK.
+        builder = builder.clang_arg(format!("-isysroot{}", sdk.display()));
+    }
+    // libclang from PyPI ships no builtin headers (float.h, stddef.h): use the
+    // C compiler's.
+    if let Some(dir) = compiler_include_dir() {
+        builder = builder.clang_arg(format!("-isystem{}", dir.display()));
     }
     for header in headers(&mlx_c) {
         builder = builder.header(header.to_string_lossy());
@@ -253,13 +241,26 @@ fn link_openblas(manifest: &Path) {
     );
 }
 
-/// The C compiler's own include directory (`cc -print-file-name=include`).
+/// The C compiler's own include directory (GCC: `cc -print-file-name=include`;
+/// clang, Apple's too: `cc -print-resource-dir` + `/include`).
 fn compiler_include_dir() -> Option<PathBuf> {
     let cc = env::var("CC").unwrap_or_else(|_| "cc".into());
-    let output = Command::new(cc)
-        .arg("-print-file-name=include")
-        .output()
-        .ok()?;
+    let ask = |arg: &str| -> Option<PathBuf> {
+        let output = Command::new(&cc).arg(arg).output().ok()?;
+        Some(PathBuf::from(String::from_utf8(output.stdout).ok()?.trim()))
+    };
+    [
+        ask("-print-file-name=include"),
+        ask("-print-resource-dir").map(|d| d.join("include")),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|dir| dir.join("stddef.h").is_file())
+}
+
+/// The macOS SDK of the Command Line Tools (`xcrun --show-sdk-path`).
+fn macos_sdk() -> Option<PathBuf> {
+    let output = Command::new("xcrun").arg("--show-sdk-path").output().ok()?;
     let dir = PathBuf::from(String::from_utf8(output.stdout).ok()?.trim());
-    dir.join("stddef.h").is_file().then_some(dir)
+    dir.is_dir().then_some(dir)
 }

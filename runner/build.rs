@@ -1,12 +1,17 @@
-//! Gives the runner's binaries and tests a RUNPATH to the directory holding
-//! libmlx.so, so they start without LD_LIBRARY_PATH. RUNPATH (not the old RPATH)
+//! Gives the runner's binaries and tests a RUNPATH (macOS: an LC_RPATH) to
+//! the directory holding libmlx, so they start without LD_LIBRARY_PATH. RUNPATH (not the old RPATH)
 //! is searched after LD_LIBRARY_PATH, so another libmlx.so (e.g. the CUDA
 //! backend's) can still be swapped in without relinking.
 fn main() {
     println!("cargo:rerun-if-env-changed=GROVE_MLX_RUNTIME_LIB");
     let target_os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     if target_os == "macos" {
-        return; // MLX is linked statically there.
+        // libmlx.dylib is `@rpath/libmlx.dylib`: an LC_RPATH to the
+        // mlx-metal wheel's lib/ (mlx.metallib sits beside it).
+        if let Ok(dir) = std::env::var("DEP_MLX_LIB_DIR") {
+            println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
+        }
+        return;
     }
     let dirs = [
         std::env::var("GROVE_MLX_RUNTIME_LIB").ok(),
