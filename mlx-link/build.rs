@@ -99,7 +99,11 @@ fn main() {
     println!("cargo:rustc-link-lib=dylib=mlx");
     // libmlx's C++ runtime: libstdc++ on Linux, libc++ on macOS (its
     // frameworks, Metal and Accelerate, are libmlx.dylib's own dependencies).
-    let cxx_runtime = if target_os == "macos" { "c++" } else { "stdc++" };
+    let cxx_runtime = if target_os == "macos" {
+        "c++"
+    } else {
+        "stdc++"
+    };
     println!("cargo:rustc-link-lib=dylib={cxx_runtime}");
     // Dependents with their own build script read this as DEP_MLX_LIB_DIR.
     println!("cargo:lib_dir={}", lib_dir.display());

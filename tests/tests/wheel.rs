@@ -5,6 +5,8 @@
 //! (.grove/wheels). From there `grove run` answers on SmolLM2 through the
 //! daemon it starts, and `grove stop` unloads the model. The binaries find
 //! libmlx through their RUNPATH alone, and the wheel carries no copy of it.
+//! And the macOS mlx-metal wheel holds what the Mac build links against
+//! (checked here, on Linux: no Mac runs these tests).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -239,6 +241,56 @@ fn pip_install_runs_grove() -> Result<()> {
     ensure!(
         !listed.contains(&*gguf.to_string_lossy()),
         "still loaded after grove stop: {listed}"
+    );
+    Ok(())
+}
+
+#[test]
+fn mlx_metal_wheel_holds_what_the_mac_build_links() -> Result<()> {
+    let dir = root().join(".grove/wheels-macos");
+    let wheel = std::fs::read_dir(&dir)
+        .with_context(|| format!("{} is missing (make test downloads it)", dir.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("mlx_metal-"))
+        .context("no mlx-metal wheel")?;
+    let out = output_ok(
+        Command::new(python())
+            .arg(root().join("packaging/mlx_wheel_facts.py"))
+            .arg(&wheel),
+        DEADLINE,
+    )?;
+    let facts: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let files: Vec<&str> = facts["files"]
+        .as_array()
+        .context("files")?
+        .iter()
+        .filter_map(|f| f.as_str())
+        .collect();
+    // mlx-link/build.rs: GROVE_MLX_PREFIX's share/cmake/MLX and include/,
+    // libmlx in lib/ with the metallib beside it (MLX looks there).
+    for f in [
+        "mlx/lib/libmlx.dylib",
+        "mlx/lib/mlx.metallib",
+        "mlx/share/cmake/MLX/MLXConfig.cmake",
+    ] {
+        ensure!(
+            files.contains(&f),
+            "{} has no {f}: {files:?}",
+            wheel.display()
+        );
+    }
+    ensure!(facts["headers"].as_u64() > Some(100), "{facts}");
+    // runner/build.rs gives an LC_RPATH because the install name is
+    // @rpath-relative; mlx-link links libc++ (libmlx's runtime) and no
+    // framework (libmlx.dylib loads Metal and Accelerate itself).
+    let dylib = &facts["dylib"];
+    ensure!(dylib["id"] == "@rpath/libmlx.dylib", "{dylib}");
+    ensure!(dylib["cpu"] == "arm64", "{dylib}");
+    let loads = dylib["loads"].to_string();
+    ensure!(
+        loads.contains("/usr/lib/libc++") && loads.contains("Metal.framework"),
+        "{dylib}"
     );
     Ok(())
 }
