@@ -11,6 +11,9 @@ enum Activation {
   ACT_SILU = 0,
   // mlx's nn.gelu_approx: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
   ACT_GELU_APPROX = 1,
+  // mlx's nn.gelu (exact, BERT's): x (1 + erf(x / sqrt(2))) / 2, with MLX's
+  // erf; not gated: `up` is not read.
+  ACT_GELU = 2,
 };
 
 namespace avx2 {

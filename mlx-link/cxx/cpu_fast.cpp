@@ -456,7 +456,9 @@ int grove_cpu_sdpa(mlx_array* res, mlx_array q, mlx_array k, mlx_array v, float 
 int grove_cpu_gated(mlx_array* res, int act, mlx_array gate, mlx_array up, mlx_stream s) {
   try {
     if (!on_cpu(s)) return 1;
-    if (act != grove_qmm::ACT_SILU && act != grove_qmm::ACT_GELU_APPROX) return 1;
+    if (act != grove_qmm::ACT_SILU && act != grove_qmm::ACT_GELU_APPROX &&
+        act != grove_qmm::ACT_GELU)
+      return 1;
     const array& ga = mlx_array_get_(gate);
     const array& ua = mlx_array_get_(up);
     if (ga.dtype() != float32 || ua.dtype() != float32 || ga.shape() != ua.shape()) return 1;

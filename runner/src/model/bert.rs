@@ -242,12 +242,12 @@ impl Bert {
             let q = heads(layer.query.forward(&h)?)?;
             let k = heads(layer.key.forward(&h)?)?;
             let v = heads(layer.value.forward(&h)?)?;
-            let ctx = mlx_rs::fast::scaled_dot_product_attention(
+            let ctx = super::layers::cpu_fast::sdpa(
                 &q,
                 &k,
                 &v,
                 scale,
-                ScaledDotProductAttentionMask::Array(&additive),
+                Some(ScaledDotProductAttentionMask::Array(&additive)),
                 None,
             )?
             .transpose_axes(&[0, 2, 1, 3])?
@@ -291,8 +291,12 @@ impl Bert {
     }
 }
 
-/// mlx's `nn.gelu` (exact): `x (1 + erf(x / sqrt(2))) / 2`.
+/// mlx's `nn.gelu` (exact): `x (1 + erf(x / sqrt(2))) / 2` (on the CPU in
+/// one pass of Grove's primitive).
 fn gelu(x: &Array) -> Result<Array, Exception> {
+    if let Some(out) = super::layers::cpu_fast::gelu(x) {
+        return out;
+    }
     let d = x.dtype();
     let s = |v: f32| Array::from_f32(v).as_dtype(d);
     x.multiply(s(1.0)?.add(mlx_rs::ops::erf(x.divide(s(std::f32::consts::SQRT_2)?)?)?)?)?

@@ -151,6 +151,19 @@ pub fn gated_always(
     })
 }
 
+/// mlx's exact `nn.gelu` (`x (1 + erf(x / sqrt 2)) / 2`, BERT's) through
+/// Grove's activation primitive, on whole vectors with MLX's erf (`None`:
+/// not covered, or not on the CPU backend).
+pub fn gelu(x: &Array) -> Option<Result<Array, Exception>> {
+    cpu_qmm::enabled()
+        .then(|| {
+            primitive("GELU", |res, s| unsafe {
+                mlx_sys::grove_cpu_gated(res, 2, x.as_ptr(), x.as_ptr(), s)
+            })
+        })
+        .flatten()
+}
+
 /// `mx.fast.scaled_dot_product_attention(q, k, v, scale, mask, sinks)`.
 pub fn sdpa(
     q: &Array,
