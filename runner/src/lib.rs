@@ -6,7 +6,8 @@
 //!   [`request`] checks and converts its requests.
 //! - [`engine`]: the one thread that owns MLX, the model and the prompt cache,
 //!   and runs every request in one continuously batched decode loop
-//!   (admission, interleaved prefill, per-request sampling and stops).
+//!   (admission, interleaved prefill, per-request sampling and stops), and
+//!   embedding calls batched together between its steps.
 //! - [`harmony`]: gpt-oss's Harmony channels split the same way.
 //! - [`reply`]: a generation's stream, split by [`output`] when asked.
 //! - [`chat`]: chat requests rendered (in a sandbox process) and tokenized
@@ -16,7 +17,9 @@
 //!   model, its tokenizer and its chat templates.
 //! - [`model`]: config parsing, safetensors loading, GGUF conversion, the
 //!   per-backend dtype policy, layers and one file per architecture (llama,
-//!   mistral, qwen2, qwen3).
+//!   mistral, qwen2, qwen3, ..., bert, an encoder that only embeds), and
+//!   embeddings (pooled and normalized as the model's sentence-transformers
+//!   files say).
 //! - [`import`]: a GGUF file written out as an MLX model directory.
 //! - [`logprobs`]: generated tokens' log-probabilities (top_logprobs).
 //! - [`shard`]: tensor parallelism over MLX distributed: the group (ring or

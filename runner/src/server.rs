@@ -25,12 +25,12 @@ use crate::logprobs::TokenLogprob;
 use crate::memory::MemorySource;
 use crate::model::Architecture;
 use crate::model::pooling::Pooling;
-
-/// Most inputs one embedding call may carry (OpenAI's limit).
-const MAX_EMBED_INPUTS: usize = 2048;
 use crate::reply::{self, Reply};
 use crate::request::{Prompt, job, runner_status, submit_status, template_vars, tools};
 use crate::tool_choice;
+
+/// Most inputs one embedding call may carry (OpenAI's limit).
+const MAX_EMBED_INPUTS: usize = 2048;
 
 /// How `serve` is set up.
 #[derive(Debug, Clone)]

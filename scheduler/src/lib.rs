@@ -6,8 +6,9 @@
 //!   [`cli_import`] its `pull`, `service` and `import` commands.
 //! - [`daemon`]: `grove serve`, i.e. [`daemon::run`]`(config, shutdown)`.
 //! - [`api`]: the `grove.v1.Grove` gRPC service.
-//! - [`http`]: OpenAI's and ollama's HTTP APIs over the same service, on
-//!   the same address, behind the same optional API key.
+//! - [`http`]: OpenAI's (chat, completions, Responses, embeddings), ollama's
+//!   and Anthropic's HTTP APIs over the same service, on the same address,
+//!   behind the same optional API key.
 //! - [`sched`]: the scheduler actor: runner processes, memory budget, eviction,
 //!   keep_alive, queues, crash recovery.
 //! - [`runner_proc`]: starting, watching and stopping one `grove-runner`.
