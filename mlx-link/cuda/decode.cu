@@ -184,7 +184,7 @@ size_t product_smem(int bits, int rows, int k, int t_bytes) { return grove_fd::g
 // As many blocks as the GPU holds at once (each then takes tiles or column
 // groups until none is left: x is staged, and normalized, once per block).
 template <class K>
-int grid_for(K kernel, size_t smem, int work) {
+int grid_for(K kernel, size_t smem, int work, int threads = grove_fd::kWarps * 32) {
   static int sms = 0;
   if (sms == 0) {
     int dev = 0;
@@ -192,19 +192,19 @@ int grid_for(K kernel, size_t smem, int work) {
     check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "device");
   }
   int resident = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, grove_fd::kWarps * 32, smem), "occupancy");
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, smem), "occupancy");
   return std::max(1, std::min(work, resident * sms));
 }
 
 template <class T, int B, int R, int MODE, bool NORM, int Q>
 void launch_gemv(const GemvArgs& a, cudaStream_t s) {
   using namespace grove_fd;
-  const int cols_per_block = kWarps * R;
+  const int cols_per_block = kGemvWarps * R;
   const size_t smem = gemv_smem(Q, a.rows, a.k, sizeof(T));
   auto kernel = gemv<T, B, R, MODE, NORM, Q>;
   allow_smem(kernel, smem);
   const int groups = (a.n + cols_per_block - 1) / cols_per_block;
-  kernel<<<grid_for(kernel, smem, groups), kWarps * 32, smem, s>>>(a);
+  kernel<<<grid_for(kernel, smem, groups, kGemvWarps * 32), kGemvWarps * 32, smem, s>>>(a);
 }
 
 // One column per warp where that gives the GPU enough blocks (the layers'

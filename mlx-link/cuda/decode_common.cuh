@@ -10,10 +10,23 @@
 
 namespace grove_fd {
 
-constexpr int kWarps = 8;       // warps per block of every kernel
+constexpr int kWarps = 8;       // warps per block of every kernel but the products
+#ifndef GROVE_GEMV_WARPS
+#define GROVE_GEMV_WARPS 16
+#endif
+// Warps per block of the matrix-vector products: each block stages (and
+// normalizes, converts) x once for kGemvWarps * R columns. 16 measured on an
+// H200 against 8 (two runs): Llama-8B 4-bit 386.5 / 387.1 vs 375.9 / 379.4
+// tok/s, Llama-1B bf16 811.0 / 810.3 vs 809.5 / 805.2; 32: 340.7 / 735.6.
+constexpr int kGemvWarps = GROVE_GEMV_WARPS;
 constexpr int kMaxRows = 8;     // batch rows one launch covers
 constexpr int kMaxLayers = 160; // layers one plan covers
-constexpr int kSplits = 8;      // key ranges attention is split into
+#ifndef GROVE_ATTN_SPLITS
+#define GROVE_ATTN_SPLITS 8
+#endif
+// Key ranges attention is split into (16: 353.6 / 760.0, 4: 385.6 / 817.3
+// tok/s on the models above, with 16 product warps: no clear gain).
+constexpr int kSplits = GROVE_ATTN_SPLITS;
 
 // What changes from one step to the next, in device memory: the step's
 // kernels read it there, so that one captured CUDA graph per batch size

@@ -119,7 +119,7 @@ __host__ __device__ constexpr size_t gemv_smem(int q, int rows, int k, int t_byt
 }
 
 template <class T, int B, int R, int MODE, bool NORM, int Q>
-__global__ void __launch_bounds__(kWarps * 32) gemv(const GemvArgs a) {
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   constexpr int NR = MODE == kGlu ? 2 * R : R;
   constexpr int V = Span<Q>::kVals, XV = Span<Q>::kXVecs;
   extern __shared__ uint4 xs[];  // [rows][k / 8], then (Q) float [2][rows][k / V]
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const GemvArgs a) {
   }
   __syncthreads();
   if constexpr (NORM) {
-    __shared__ float part[kWarps][B];
+    __shared__ float part[kGemvWarps][B];
     __shared__ float inv[B];
     float ss[B];
 #pragma unroll
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const GemvArgs a) {
     if (threadIdx.x < B) {
       float t = 0.f;
 #pragma unroll
-      for (int w = 0; w < kWarps; w++) t += part[w][threadIdx.x];
+      for (int w = 0; w < kGemvWarps; w++) t += part[w][threadIdx.x];
       inv[threadIdx.x] = rsqrtf(t / a.k + a.eps);
     }
     __syncthreads();
@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv(const GemvArgs a) {
   // 2. Each group of columns this block takes (a block stages x once for
   //    all of them): this warp's weight rows (past the end: the last row,
   //    not stored).
-  for (int col0 = (blockIdx.x * kWarps + warp) * R; col0 < a.n; col0 += gridDim.x * kWarps * R) {
+  for (int col0 = (blockIdx.x * kGemvWarps + warp) * R; col0 < a.n; col0 += gridDim.x * kGemvWarps * R) {
     const char* wr[NR];
     const T* sr[NR];
     const T* br[NR];
