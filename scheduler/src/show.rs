@@ -70,7 +70,10 @@ pub fn show(model: &Resolved) -> Result<pb::ShowResponse, String> {
         .and_then(Value::as_u64);
     let size = model_size(dir)?;
     let params = parameter_count(dir, &config)?;
-    let encoder = config.get("model_type").and_then(Value::as_str) == Some("bert");
+    let encoder = matches!(
+        config.get("model_type").and_then(Value::as_str),
+        Some("bert" | "roberta" | "xlm-roberta")
+    );
     Ok(pb::ShowResponse {
         generates: !encoder,
         embeds: encoder || dir.join("modules.json").is_file(),

@@ -1,7 +1,8 @@
 //! Embeddings through a real daemon: OpenAI's and ollama's PyPI clients
 //! (tests/http/embed_client.py) get mlx-embeddings' vectors within 1e-4 on a
-//! BERT with mean pooling, one with CLS pooling and no normalization, and a
-//! Qwen3-Embedding-shaped decoder (last token), for concurrent calls too;
+//! BERT with mean pooling, one with CLS pooling and no normalization, an
+//! XLM-RoBERTa (positions after its padding id) and a Qwen3-Embedding-shaped
+//! decoder (last token), for concurrent calls too;
 //! the gRPC `Embed` the same; and what is refused, by name.
 use std::path::Path;
 
@@ -30,6 +31,7 @@ async fn clients_get_the_reference_vectors() -> Result<()> {
     let models = [
         model("bert-f32")?,
         model("bert-cls-f32")?,
+        model("xlm-roberta-f32")?,
         model("qwen3-embed-f32")?,
     ];
     let (d, _) = Daemon::start(&[("GROVE_API_KEY", KEY)]).await?;
@@ -42,7 +44,7 @@ async fn clients_get_the_reference_vectors() -> Result<()> {
     })
     .await??;
     println!("{out}");
-    ensure!(out.lines().count() == 3, "one line per model: {out}");
+    ensure!(out.lines().count() == 4, "one line per model: {out}");
     Ok(())
 }
 

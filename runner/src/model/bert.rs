@@ -1,8 +1,10 @@
 //! BERT (`BertModel`: all-MiniLM, bge, e5 and the other sentence-transformers
-//! encoders), as mlx-embeddings' `models/bert.py` runs it: word, position and
-//! token-type embeddings and a LayerNorm; per layer, bidirectional attention
-//! and a GELU MLP, each followed by a residual LayerNorm (post-norm). It
-//! embeds; it does not generate.
+//! encoders) and RoBERTa / XLM-RoBERTa (bge-m3, multilingual-e5), as
+//! mlx-embeddings' `models/bert.py` and `xlm_roberta.py` run them: word,
+//! position and token-type embeddings and a LayerNorm; per layer,
+//! bidirectional attention and a GELU MLP, each followed by a residual
+//! LayerNorm (post-norm). RoBERTa's positions start after its padding id
+//! (`pad_token_id + 1`). It embeds; it does not generate.
 use std::path::Path;
 
 use mlx_rs::Array;
@@ -35,6 +37,22 @@ pub struct Config {
     pub hidden_act: HiddenAct,
     #[serde(default)]
     pub position_embedding_type: PositionEmbedding,
+    #[serde(default)]
+    pub model_type: Option<String>,
+    /// RoBERTa's padding id, its positions' offset (default 1).
+    #[serde(default)]
+    pub pad_token_id: Option<i32>,
+}
+
+impl Config {
+    /// The first position row a sequence uses: 0 for BERT, `pad_token_id +
+    /// 1` for RoBERTa and XLM-RoBERTa (HF's `create_position_ids_from_input_ids`).
+    pub fn position_offset(&self) -> i32 {
+        match self.model_type.as_deref() {
+            Some("roberta" | "xlm-roberta") => self.pad_token_id.unwrap_or(1) + 1,
+            _ => 0,
+        }
+    }
 }
 
 fn default_type_vocab() -> i32 {
@@ -81,6 +99,8 @@ pub struct Bert {
     layers: Vec<Layer>,
     heads: i32,
     head_dim: i32,
+    /// The first position row (RoBERTa: after its padding id).
+    position_offset: i32,
     max_positions: i32,
     dims: Dims,
 }
@@ -92,7 +112,11 @@ pub fn sanitize(w: &mut Weights) {
     let names = w.names(|_| true);
     for name in names {
         let Some(array) = w.pop(&name) else { continue };
-        let mut new = name.strip_prefix("bert.").unwrap_or(&name).to_owned();
+        let bare = ["bert.", "roberta."]
+            .iter()
+            .find_map(|p| name.strip_prefix(p))
+            .unwrap_or(&name);
+        let mut new = bare.to_owned();
         if new.starts_with("pooler.") || new.starts_with("cls.") || new.ends_with("position_ids") {
             continue;
         }
@@ -124,6 +148,16 @@ impl Bert {
                     format!("{name} must be positive, not {value}"),
                 ));
             }
+        }
+        let offset = c.position_offset();
+        if offset < 0 || offset >= c.max_position_embeddings {
+            return Err(config_error(
+                path,
+                format!(
+                    "pad_token_id {:?} leaves no position of {}",
+                    c.pad_token_id, c.max_position_embeddings
+                ),
+            ));
         }
         if c.hidden_size % c.num_attention_heads != 0 {
             return Err(config_error(
@@ -177,7 +211,8 @@ impl Bert {
             layers,
             heads: c.num_attention_heads,
             head_dim,
-            max_positions: c.max_position_embeddings,
+            position_offset: offset,
+            max_positions: c.max_position_embeddings - offset,
             dims: Dims {
                 vocab: c.vocab_size,
                 hidden: h,
@@ -202,7 +237,8 @@ impl Bert {
         self.layers.len()
     }
 
-    /// Most tokens one input may have (its position table's rows).
+    /// Most tokens one input may have (its position table's rows past the
+    /// offset).
     pub fn max_positions(&self) -> i32 {
         self.max_positions
     }
@@ -219,7 +255,7 @@ impl Bert {
             )));
         }
         // 1. Embeddings: word + position + token type 0, then LayerNorm.
-        let ids: Vec<i32> = (0..l).collect();
+        let ids: Vec<i32> = (self.position_offset..self.position_offset + l).collect();
         let positions = self.positions.take_axis(Array::from_slice(&ids, &[l]), 0)?;
         let types = self.token_types.take_axis(Array::from_int(0), 0)?;
         let x = self.words.forward(tokens)?.add(&positions)?.add(&types)?;

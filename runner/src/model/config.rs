@@ -38,7 +38,8 @@ pub enum Architecture {
     Gemma4,
     /// Phi-3 and Phi-4 (`Phi3ForCausalLM`).
     Phi3,
-    /// BERT (`BertModel`): an encoder that embeds and does not generate.
+    /// BERT (`BertModel`) and RoBERTa/XLM-RoBERTa: encoders that embed and
+    /// do not generate.
     Bert,
 }
 
@@ -72,7 +73,15 @@ impl Architecture {
             Some("Gemma4ForCausalLM") => Some(Self::Gemma4Text),
             Some("Gemma4ForConditionalGeneration") => Some(Self::Gemma4),
             Some("Phi3ForCausalLM") => Some(Self::Phi3),
-            Some("BertModel" | "BertForMaskedLM" | "BertForPreTraining") => Some(Self::Bert),
+            Some(
+                "BertModel"
+                | "BertForMaskedLM"
+                | "BertForPreTraining"
+                | "RobertaModel"
+                | "RobertaForMaskedLM"
+                | "XLMRobertaModel"
+                | "XLMRobertaForMaskedLM",
+            ) => Some(Self::Bert),
             Some(_) => None,
             None => match model_type {
                 Some("llama") => Some(Self::Llama),
@@ -92,7 +101,7 @@ impl Architecture {
                 Some("gemma4_text") => Some(Self::Gemma4Text),
                 Some("gemma4") => Some(Self::Gemma4),
                 Some("phi3") => Some(Self::Phi3),
-                Some("bert") => Some(Self::Bert),
+                Some("bert" | "roberta" | "xlm-roberta") => Some(Self::Bert),
                 _ => None,
             },
         };
@@ -106,7 +115,7 @@ impl Architecture {
                  Glm4MoeLiteForCausalLM, \
                  Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma2ForCausalLM, \
                  Gemma4ForCausalLM, Gemma4ForConditionalGeneration, \
-                 Phi3ForCausalLM, BertModel",
+                 Phi3ForCausalLM, BertModel, RobertaModel, XLMRobertaModel",
                 named.unwrap_or("<none>"),
                 model_type.unwrap_or("<none>")
             ),

@@ -336,11 +336,8 @@ fn load_parts_sharded(
         Architecture::Bert => {
             let c: bert::Config = config::typed(&path, &raw)?;
             let m = bert::Bert::load(&path, &mut weights, q, &c)?;
-            let dims = m.dims().clone();
-            (
-                (Network::Bert(m), dims),
-                Some(c.max_position_embeddings as u32),
-            )
+            let (dims, positions) = (m.dims().clone(), m.max_positions() as u32);
+            ((Network::Bert(m), dims), Some(positions))
         }
         Architecture::Gemma2 => {
             let c: gemma2::Config = config::typed(&path, &raw)?;
