@@ -1,7 +1,8 @@
 //! Embedding calls on the engine thread. Every call waiting at a turn is
 //! taken out of the line at once; all their inputs are sorted by length and
 //! cut into forward passes of at most [`ROWS`] inputs and [`TOKENS`] padded
-//! tokens, so the inputs of concurrent calls share passes (and little
+//! tokens (a decoder: its prefill chunk's, whose KV cache and activations
+//! the memory budget holds room for), so the inputs of concurrent calls share passes (and little
 //! padding); each call gets its vectors back in its own order. A pass runs
 //! between two decode steps, as a prefill chunk does. A model that only
 //! embeds (an encoder) refuses generations here, by name.
@@ -17,7 +18,8 @@ use crate::error::{Result, RunnerError};
 /// Most inputs in one forward pass.
 pub const ROWS: usize = 32;
 
-/// Most tokens (inputs x longest) in one forward pass.
+/// Most tokens (inputs x longest) in one forward pass of an encoder (it
+/// keeps no KV cache).
 pub const TOKENS: usize = 8192;
 
 /// One embedding call: token ids per input (checked against the context
@@ -74,13 +76,17 @@ impl Worker {
             }
         }
         if !calls.is_empty() {
-            run(l, calls);
+            let tokens = match l.model.generates() {
+                true => self.config.prefill_chunk.max(1),
+                false => TOKENS,
+            };
+            run(l, calls, tokens);
         }
     }
 }
 
 /// Embeds every input of `calls` in as few passes as the limits allow.
-fn run(l: &Loaded, calls: Vec<Call>) {
+fn run(l: &Loaded, calls: Vec<Call>, tokens: usize) {
     let start = Instant::now();
     // (call, input) of every input, shortest first.
     let mut order: Vec<(usize, usize)> = calls
@@ -114,7 +120,7 @@ fn run(l: &Loaded, calls: Vec<Call>) {
         while end < order.len()
             && end - at < ROWS
             && dims(end) == dims(at)
-            && len(end) * (end - at + 1) <= TOKENS
+            && len(end) * (end - at + 1) <= tokens
         {
             end += 1;
         }
