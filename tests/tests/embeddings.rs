@@ -196,6 +196,29 @@ async fn grpc_embed_and_refusals() -> Result<()> {
         ensure!(r.json()?["capabilities"] == want, "{dir}: {r:?}");
     }
 
+    // `grove run` on an embedding model prints its vector (as ollama's run).
+    let mut run = std::process::Command::new(grove_tests::runner::binary("grove")?);
+    run.args(["run", &bert, "Hello, world"])
+        .env("GROVE_HOST", &d.addr)
+        .env("GROVE_NO_AUTOSTART", "1");
+    let out = grove_tests::proc::output_ok(&mut run, grove_tests::proc::DEADLINE)?;
+    let printed: Vec<f64> = serde_json::from_slice(&out.stdout)?;
+    let want = reference(&bert)?;
+    let first: Vec<f64> = want["cases"][0]["embedding"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_f64)
+        .collect();
+    ensure!(
+        printed.len() == first.len()
+            && printed
+                .iter()
+                .zip(&first)
+                .all(|(a, b)| (a - b).abs() <= 1e-4),
+        "grove run printed {printed:?}"
+    );
+
     // An encoder does not generate: a clear error, not a crash.
     let body = json!({"model": bert, "prompt": "hello", "stream": false});
     let r = send(

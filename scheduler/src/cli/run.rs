@@ -131,7 +131,54 @@ fn print_metrics(m: &pb::Metrics) {
 }
 
 /// Runs `grove run`.
+/// An embedding model (one that does not generate, as ollama's `run` does
+/// with one): each prompt's vector, printed as a JSON array.
+async fn embed(
+    client: &mut Client,
+    args: &RunArgs,
+    keep_alive: Option<i64>,
+    text: &str,
+) -> Result<()> {
+    let r = client
+        .embed(pb::EmbedRequest {
+            model: args.model.clone(),
+            inputs: vec![pb::EmbedInput {
+                input: Some(pb::embed_input::Input::Text(text.to_owned())),
+            }],
+            keep_alive_ns: keep_alive,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let values = r
+        .embeddings
+        .into_iter()
+        .next()
+        .map(|e| e.values)
+        .unwrap_or_default();
+    println!("{}", serde_json::to_string(&values)?);
+    Ok(())
+}
+
 pub async fn run(mut client: Client, args: RunArgs, keep_alive: Option<i64>) -> Result<()> {
+    let shown = client
+        .show(pb::ShowRequest {
+            model: args.model.clone(),
+        })
+        .await
+        .map(|r| r.into_inner());
+    if let Ok(s) = shown
+        && !s.generates
+        && s.embeds
+    {
+        let Some(text) = &args.prompt else {
+            anyhow::bail!(
+                "{} is an embedding model: give the text to embed (grove run MODEL TEXT)",
+                args.model
+            );
+        };
+        return embed(&mut client, &args, keep_alive, text).await;
+    }
     let mut interrupts = signal(SignalKind::interrupt())?;
     let mut history = Vec::new();
     if let Some(system) = &args.system {
