@@ -50,8 +50,13 @@ impl Worker {
     /// Answers every embedding call waiting; on a model that only embeds,
     /// refuses every generation and prewarm waiting.
     pub(super) fn embed_waiting(&self, l: &Loaded, s: &mut State) {
-        let mut calls = Vec::new();
         let generates = l.model.generates();
+        // Every turn of the decode loop passes here: nothing to take out of
+        // the line unless an embedding call waits (or an encoder is loaded).
+        if generates && !s.waiting.iter().any(|r| matches!(r, Request::Embed { .. })) {
+            return;
+        }
+        let mut calls = Vec::new();
         for r in std::mem::take(&mut s.waiting) {
             match r {
                 Request::Embed { job, reply, slot } if self.lockstep.is_none() => {
