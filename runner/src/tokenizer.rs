@@ -15,16 +15,9 @@ pub struct Tokenizer {
 }
 
 fn read_json(path: &Path) -> Result<Option<Value>> {
-    if !path.is_file() {
-        return Ok(None);
-    }
-    let text = std::fs::read_to_string(path).map_err(|source| RunnerError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| RunnerError::Tokenizer(format!("{}: not valid JSON: {e}", path.display())))
+    crate::model::config::read_optional_json(path, |p, m| {
+        RunnerError::Tokenizer(format!("{}: {m}", p.display()))
+    })
 }
 
 /// A special token written as a string or as `{"content": ...}`.

@@ -300,6 +300,24 @@ impl Quantization {
     }
 }
 
+/// A JSON file beside a model that may be absent (`None`), its parse error
+/// in the caller's terms (`invalid(path, message)`).
+pub fn read_optional_json(
+    path: &Path,
+    invalid: impl Fn(&Path, String) -> RunnerError,
+) -> Result<Option<Value>> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path).map_err(|source| RunnerError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| invalid(path, format!("not valid JSON: {e}")))
+}
+
 /// Reads and parses `config.json` of a model directory.
 pub fn read_config(dir: &Path) -> Result<(PathBuf, Value)> {
     let path = dir.join("config.json");

@@ -12,7 +12,7 @@ use mlx_rs::{Array, Dtype};
 use serde_json::Value;
 
 use super::config::config_error;
-use crate::error::{Result, RunnerError};
+use crate::error::Result;
 
 /// How the tokens' states become one vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,16 +127,7 @@ fn pooling_of(path: &Path, config: &Value) -> Result<Pooling> {
 }
 
 fn read_json(path: &Path) -> Result<Option<Value>> {
-    if !path.is_file() {
-        return Ok(None);
-    }
-    let text = std::fs::read_to_string(path).map_err(|source| RunnerError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| config_error(path, format!("not valid JSON: {e}")))
+    super::config::read_optional_json(path, config_error)
 }
 
 /// Pools `hidden` (`[B, L, H]`) over the real tokens marked by `mask`
