@@ -21,7 +21,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tonic::Request;
 
-use super::{http_status, ollama, openai};
+use super::openai_types::Invalid;
+use super::{ollama, openai};
 use crate::api::Api;
 
 pub fn routes() -> Router<Arc<Api>> {
@@ -59,6 +60,7 @@ fn tokens(ids: Vec<u32>) -> pb::EmbedInput {
 // ---- OpenAI ----
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct OpenAiRequest {
     model: String,
     input: Value,
@@ -70,8 +72,6 @@ struct OpenAiRequest {
     #[serde(default)]
     #[allow(dead_code)]
     user: Option<String>,
-    #[serde(flatten)]
-    other: Map<String, Value>,
 }
 
 /// OpenAI's `input`: a string, strings, token ids, or lists of token ids.
@@ -136,28 +136,22 @@ struct OpenAiResponse {
     usage: Usage,
 }
 
-fn openai_bad(message: impl Into<String>, param: &str) -> Response {
-    let body = serde_json::json!({"error": {
-        "message": message.into(), "type": "invalid_request_error", "param": param, "code": null,
-    }});
-    super::json(StatusCode::BAD_REQUEST, &body)
+fn openai_bad(message: impl Into<String>, param: &'static str) -> Response {
+    openai::invalid(Invalid {
+        message: message.into(),
+        param: Some(param),
+    })
 }
 
 async fn openai_embeddings(
     State(api): State<Arc<Api>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let body = match body {
-        Ok(b) => b,
-        Err(e) => return openai::error(e.status(), &e.body_text(), "invalid_body"),
-    };
-    let r: OpenAiRequest = match serde_json::from_slice(&body) {
+    // Unknown fields are refused by name (serde's message names them).
+    let r: OpenAiRequest = match openai::parse(body) {
         Ok(r) => r,
-        Err(e) => return openai_bad(format!("the request body is not a valid request: {e}"), ""),
+        Err(e) => return e,
     };
-    if let Some(name) = r.other.keys().next() {
-        return openai_bad(format!("{name} is not supported on embeddings"), name);
-    }
     let base64 = match r.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -184,7 +178,7 @@ async fn openai_embeddings(
     };
     let out = match api.embed(Request::new(req)).await {
         Ok(o) => o.into_inner(),
-        Err(s) => return openai::error(http_status(s.code()), s.message(), "embedding_failed"),
+        Err(s) => return openai::status_error(&s),
     };
     let data = out
         .embeddings
@@ -266,7 +260,7 @@ async fn ollama_call(
     r: OllamaEmbed,
     inputs: Vec<pb::EmbedInput>,
 ) -> Result<(String, pb::EmbedResponse), Response> {
-    let bad = |m: String| ollama::error(StatusCode::BAD_REQUEST, &m);
+    let bad = ollama::bad;
     let model = match r.model {
         Some(m) if !m.trim().is_empty() => m,
         _ => return Err(bad("model is required".into())),
@@ -285,7 +279,7 @@ async fn ollama_call(
     };
     match api.embed(Request::new(req)).await {
         Ok(o) => Ok((model, o.into_inner())),
-        Err(s) => Err(ollama::error(http_status(s.code()), s.message())),
+        Err(s) => Err(ollama::status_error(&s)),
     }
 }
 
@@ -293,15 +287,9 @@ async fn ollama_embed(
     State(api): State<Arc<Api>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r: OllamaEmbed = match body.map(|b| serde_json::from_slice(&b)) {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            return ollama::error(
-                StatusCode::BAD_REQUEST,
-                &format!("the request body is not valid: {e}"),
-            );
-        }
-        Err(e) => return ollama::error(e.status(), &e.body_text()),
+    let r: OllamaEmbed = match ollama::parse(body) {
+        Ok(r) => r,
+        Err(e) => return e,
     };
     let inputs = match r.input.clone() {
         Some(Value::String(s)) => vec![text(s)],
@@ -312,10 +300,7 @@ async fn ollama_embed(
                 .collect()
         }
         _ => {
-            return ollama::error(
-                StatusCode::BAD_REQUEST,
-                "input must be a string or a non-empty list of strings",
-            );
+            return ollama::bad("input must be a string or a non-empty list of strings");
         }
     };
     match ollama_call(&api, r, inputs).await {
@@ -334,18 +319,12 @@ async fn ollama_embeddings(
     State(api): State<Arc<Api>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let r: OllamaEmbed = match body.map(|b| serde_json::from_slice(&b)) {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            return ollama::error(
-                StatusCode::BAD_REQUEST,
-                &format!("the request body is not valid: {e}"),
-            );
-        }
-        Err(e) => return ollama::error(e.status(), &e.body_text()),
+    let r: OllamaEmbed = match ollama::parse(body) {
+        Ok(r) => r,
+        Err(e) => return e,
     };
     let Some(prompt) = r.prompt.clone() else {
-        return ollama::error(StatusCode::BAD_REQUEST, "prompt is required");
+        return ollama::bad("prompt is required");
     };
     match ollama_call(&api, r, vec![text(prompt)]).await {
         Ok((_, out)) => typed_json(&OllamaEmbeddingsResponse {

@@ -47,17 +47,17 @@ pub fn error(status: StatusCode, message: &str) -> Response {
     super::json(status, &json!({ "error": message }))
 }
 
-fn bad(message: impl AsRef<str>) -> Response {
+pub(super) fn bad(message: impl AsRef<str>) -> Response {
     error(StatusCode::BAD_REQUEST, message.as_ref())
 }
 
-fn status_error(s: &Status) -> Response {
+pub(super) fn status_error(s: &Status) -> Response {
     error(http_status(s.code()), s.message())
 }
 
 // The error is the handler's response, returned once per request.
 #[allow(clippy::result_large_err)]
-fn parse<T: serde::de::DeserializeOwned>(
+pub(super) fn parse<T: serde::de::DeserializeOwned>(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, Response> {
     let body = body.map_err(|e| error(e.status(), &e.body_text()))?;

@@ -47,14 +47,14 @@ pub fn error(status: StatusCode, message: &str, code: &str) -> Response {
     super::json(status, &body)
 }
 
-fn invalid(e: Invalid) -> Response {
+pub(super) fn invalid(e: Invalid) -> Response {
     let body = json!({"error": {
         "message": e.message, "type": "invalid_request_error", "param": e.param, "code": null,
     }});
     super::json(StatusCode::BAD_REQUEST, &body)
 }
 
-fn status_error(s: &Status) -> Response {
+pub(super) fn status_error(s: &Status) -> Response {
     let code = match s.code() {
         tonic::Code::NotFound => "model_not_found",
         tonic::Code::ResourceExhausted => "busy",
@@ -69,7 +69,7 @@ fn status_error(s: &Status) -> Response {
 /// shape is a 400 (413) in OpenAI's form.
 // The error is the handler's response, returned once per request.
 #[allow(clippy::result_large_err)]
-fn parse<T: serde::de::DeserializeOwned>(
+pub(super) fn parse<T: serde::de::DeserializeOwned>(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, Response> {
     let body = body.map_err(|e| error(e.status(), &e.body_text(), "invalid_body"))?;
