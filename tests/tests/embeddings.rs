@@ -10,7 +10,7 @@ use anyhow::{Context, Result, ensure};
 use grove_proto::v1 as pb;
 use grove_tests::daemon::Daemon;
 use grove_tests::fixtures;
-use grove_tests::http::{python_client, send};
+use grove_tests::http::{Reply, python_client, send};
 use serde_json::{Value, json};
 
 const KEY: &str = "grove-embed-key-7a1c";
@@ -19,6 +19,12 @@ fn model(name: &str) -> Result<String> {
     Ok(fixtures::model_dir(&format!("embed/{name}"))?
         .display()
         .to_string())
+}
+
+/// A JSON POST to the daemon, answered whole.
+async fn post(addr: &str, path: &str, body: &Value) -> Result<Reply> {
+    let headers = [("Content-Type", "application/json")];
+    send(addr, "POST", path, &headers, body.to_string().as_bytes()).await
 }
 
 fn reference(dir: &str) -> Result<Value> {
@@ -53,7 +59,6 @@ async fn grpc_embed_and_refusals() -> Result<()> {
     let bert = model("bert-f32")?;
     let qwen = model("qwen3-embed-f32")?;
     let (d, mut client) = Daemon::start(&[]).await?;
-    let headers = [("Content-Type", "application/json")];
 
     // gRPC: texts and token ids of both models in one call each, batched.
     for dir in [&bert, &qwen] {
@@ -104,25 +109,11 @@ async fn grpc_embed_and_refusals() -> Result<()> {
     // truncate false (ollama's rule), by name.
     let long = "the quick brown fox jumps over the lazy dog ".repeat(30);
     let body = json!({"model": bert, "input": long});
-    let r = send(
-        &d.addr,
-        "POST",
-        "/api/embed",
-        &headers,
-        body.to_string().as_bytes(),
-    )
-    .await?;
+    let r = post(&d.addr, "/api/embed", &body).await?;
     ensure!(r.status == 200, "{r:?}");
     ensure!(r.json()?["prompt_eval_count"] == 128, "{r:?}");
     let body = json!({"model": bert, "input": long, "truncate": false});
-    let r = send(
-        &d.addr,
-        "POST",
-        "/api/embed",
-        &headers,
-        body.to_string().as_bytes(),
-    )
-    .await?;
+    let r = post(&d.addr, "/api/embed", &body).await?;
     ensure!(r.status == 400 && r.body.contains("truncate"), "{r:?}");
 
     // What would change the output and is not done, refused by name.
@@ -161,7 +152,7 @@ async fn grpc_embed_and_refusals() -> Result<()> {
         ("/api/embeddings", json!({"model": bert}), "prompt"),
     ];
     for (path, body, needle) in refusals {
-        let r = send(&d.addr, "POST", path, &headers, body.to_string().as_bytes()).await?;
+        let r = post(&d.addr, path, &body).await?;
         ensure!(
             r.status == 400 && r.body.contains(needle),
             "{path} {body}: {r:?}"
@@ -169,14 +160,7 @@ async fn grpc_embed_and_refusals() -> Result<()> {
     }
     // Labels are taken.
     let body = json!({"model": bert, "input": "a", "user": "someone", "encoding_format": "float"});
-    let r = send(
-        &d.addr,
-        "POST",
-        "/v1/embeddings",
-        &headers,
-        body.to_string().as_bytes(),
-    )
-    .await?;
+    let r = post(&d.addr, "/v1/embeddings", &body).await?;
     ensure!(r.status == 200, "{r:?}");
 
     // ollama's show says what each model does.
@@ -185,14 +169,7 @@ async fn grpc_embed_and_refusals() -> Result<()> {
         (&qwen, json!(["completion", "embedding"])),
     ] {
         let body = json!({"model": dir});
-        let r = send(
-            &d.addr,
-            "POST",
-            "/api/show",
-            &headers,
-            body.to_string().as_bytes(),
-        )
-        .await?;
+        let r = post(&d.addr, "/api/show", &body).await?;
         ensure!(r.json()?["capabilities"] == want, "{dir}: {r:?}");
     }
 
@@ -221,14 +198,7 @@ async fn grpc_embed_and_refusals() -> Result<()> {
 
     // An encoder does not generate: a clear error, not a crash.
     let body = json!({"model": bert, "prompt": "hello", "stream": false});
-    let r = send(
-        &d.addr,
-        "POST",
-        "/api/generate",
-        &headers,
-        body.to_string().as_bytes(),
-    )
-    .await?;
+    let r = post(&d.addr, "/api/generate", &body).await?;
     ensure!(
         r.status == 400 && r.body.contains("does not generate"),
         "{r:?}"
