@@ -180,6 +180,20 @@ async fn hostile_templates_are_stopped_by_their_limits() -> Result<()> {
     Ok(())
 }
 
+/// The sandbox's smallest memory limit (64 MiB) still renders a real
+/// model's template: the child starts no OpenBLAS thread per core (each
+/// counts ~32 MiB against its limit; on a 16-core GPU machine they filled
+/// the default 1 GiB and every chat failed). Fails here, on two cores,
+/// when the child starts its pool.
+#[tokio::test]
+async fn templates_render_within_the_smallest_sandbox() -> Result<()> {
+    let (_d, mut c) = Daemon::start(&[("GROVE_TEMPLATE_MEMORY", "67108864")]).await?;
+    let model = path_str(&fixtures::model_dir("qwen3-f32")?);
+    let (_, done) = finish(c.chat(chat(&model, "hi", 2)).await?.into_inner()).await?;
+    ensure!(done.metrics.context("metrics")?.eval_tokens > 0);
+    Ok(())
+}
+
 /// A slow template keeps no one from shutting the runner down: a SIGTERM
 /// mid-render ends the runner (and its sandbox) within a bounded time.
 #[tokio::test]

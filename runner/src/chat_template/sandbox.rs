@@ -74,7 +74,13 @@ impl Sandbox {
         let input = serde_json::to_vec(job)
             .map_err(|e| RunnerError::Request(format!("encoding the render job: {e}")))?;
         let mut cmd = tokio::process::Command::new(&self.exe);
+        // The child loads what the runner links, OpenBLAS among them, whose
+        // thread pool starts at load: a thread per core, each with a buffer
+        // that counts against RLIMIT_DATA (~32 MiB a thread measured here),
+        // so on a 16-core machine the pool alone passed 1 GiB and the child
+        // died before rendering. A rendering does no BLAS: one thread.
         cmd.arg("render")
+            .env("OPENBLAS_NUM_THREADS", "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -146,7 +152,7 @@ impl Sandbox {
                 started.elapsed().as_secs_f64(),
                 self.memory >> 20,
                 cpu,
-                match message.lines().find(|l| l.contains("memory allocation")) {
+                match message.lines().find(|l| !l.trim().is_empty()) {
                     Some(line) => format!(": {line}"),
                     None => String::new(),
                 }
