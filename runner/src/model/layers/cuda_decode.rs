@@ -11,7 +11,8 @@
 //! kernel launch per kernel.
 //!
 //! The kernels live in their own library, `libgrove_cuda.so`, which the CUDA
-//! build makes with nvcc (`GROVE_BACKEND=cuda make build`) next to the binaries; the
+//! build makes with nvcc (`GROVE_BACKEND=cuda make build`) next to the binaries
+//! and the `grove-llm-cuda` wheel puts in `site-packages/grove_llm_cuda/`; the
 //! runner opens it when MLX's device is a CUDA GPU (`GROVE_CUDA_DECODE_LIB`
 //! names another path). Without it, with `GROVE_FAST_DECODE=0`, for a model
 //! or a batch it does not cover (more rows than fit its products' shared
@@ -153,23 +154,30 @@ pub fn wanted() -> bool {
     std::env::var("GROVE_FAST_DECODE").as_deref() != Ok("0") && on_cuda_gpu()
 }
 
-fn library_path() -> Option<std::path::PathBuf> {
+/// Where the library is: `GROVE_CUDA_DECODE_LIB`, else `libgrove_cuda.so`
+/// beside the runner (a source build), else the bare name, which `dlopen`
+/// looks up along the runner's RUNPATH (the `grove-llm-cuda` wheel puts it in
+/// `site-packages/grove_llm_cuda/`, a directory of that RUNPATH).
+fn library_path() -> std::path::PathBuf {
     if let Some(p) = std::env::var_os("GROVE_CUDA_DECODE_LIB") {
-        return Some(p.into());
+        return p.into();
     }
-    Some(
-        std::env::current_exe()
-            .ok()?
-            .parent()?
-            .join("libgrove_cuda.so"),
-    )
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join(LIB_NAME)));
+    match beside {
+        Some(p) if p.is_file() => p,
+        _ => LIB_NAME.into(),
+    }
 }
+
+const LIB_NAME: &str = "libgrove_cuda.so";
 
 /// The library, opened once (`None`, said once on stderr, when it cannot be).
 fn lib() -> Option<&'static Lib> {
     static LIB: OnceLock<Option<Lib>> = OnceLock::new();
     LIB.get_or_init(|| {
-        let path = library_path()?;
+        let path = library_path();
         let open = || -> Result<Lib, String> {
             let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
             // SAFETY: dlopen/dlsym with valid C strings; the handle is never
