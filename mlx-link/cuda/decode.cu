@@ -181,16 +181,22 @@ void allow_smem(K kernel, size_t bytes) {
 // The dynamic shared memory of a product of `rows` rows.
 size_t product_smem(int bits, int rows, int k, int t_bytes) { return grove_fd::gemv_smem(bits, rows, k, t_bytes); }
 
-// As many blocks as the GPU holds at once (each then takes tiles or column
-// groups until none is left: x is staged, and normalized, once per block).
-template <class K>
-int grid_for(K kernel, size_t smem, int work, int threads = grove_fd::kWarps * 32) {
+// The GPU's multiprocessors.
+int sm_count() {
   static int sms = 0;
   if (sms == 0) {
     int dev = 0;
     check(cudaGetDevice(&dev), "device");
     check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "device");
   }
+  return sms;
+}
+
+// As many blocks as the GPU holds at once (each then takes tiles or column
+// groups until none is left: x is staged, and normalized, once per block).
+template <class K>
+int grid_for(K kernel, size_t smem, int work, int threads = grove_fd::kWarps * 32) {
+  const int sms = sm_count();
   int resident = 0;
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, smem), "occupancy");
   return std::max(1, std::min(work, resident * sms));
@@ -207,12 +213,13 @@ void launch_gemv(const GemvArgs& a, cudaStream_t s) {
   kernel<<<grid_for(kernel, smem, groups, kGemvWarps * 32), kGemvWarps * 32, smem, s>>>(a);
 }
 
-// One column per warp where that gives the GPU enough blocks (the layers'
-// products), two for the LM head's many columns.
+// Two columns per warp where that still gives every SM a block (each x
+// value read from shared memory then serves two rows of W), else one; the
+// SiLU products read two rows (gate and up) with one column already.
 template <class T, int B, int MODE, bool NORM, int Q>
 void launch_cols(const GemvArgs& a, cudaStream_t s) {
-  if constexpr (MODE == grove_fd::kStore) {
-    if (a.n > 32768) return launch_gemv<T, B, 2, MODE, NORM, Q>(a, s);
+  if constexpr (MODE != grove_fd::kGlu) {
+    if (a.n / (2 * grove_fd::kGemvWarps) >= sm_count() * 9 / 10) return launch_gemv<T, B, 2, MODE, NORM, Q>(a, s);
   }
   launch_gemv<T, B, 1, MODE, NORM, Q>(a, s);
 }

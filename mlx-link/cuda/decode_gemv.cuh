@@ -128,6 +128,58 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   const int k8 = a.k / 8, kv = a.k / V;
   float* xsum = reinterpret_cast<float*>(xs + a.rows * k8);
   float* xscale = xsum + a.rows * kv;
+  // 0. The weight rows of the columns from col0 (past the end: the last
+  //    row, not stored), and this warp's first loads of its first columns,
+  //    asked for before x is staged: they do not depend on it.
+  const int64_t row_bytes = static_cast<int64_t>(a.k) * (Q == 0 ? 8 * sizeof(T) : Q) / 8;
+  const int groups = Q == 0 ? 0 : a.k / a.gs;
+  auto rows_of = [&](int col0, const char* (&wr)[NR], const T* (&sr)[NR], const T* (&br)[NR]) {
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+      int c = min(col0 + (r % R), a.n - 1);
+      int m;
+      if constexpr (MODE == kGlu) {
+        m = r / R;
+      } else if (c < a.seg[0]) {
+        m = 0;
+      } else if (c < a.seg[1]) {
+        m = 1;
+        c -= a.seg[0];
+      } else {
+        m = 2;
+        c -= a.seg[1];
+      }
+      wr[r] = static_cast<const char*>(a.w[m]) + c * row_bytes;
+      if constexpr (Q != 0) {
+        sr[r] = static_cast<const T*>(a.scales[m]) + static_cast<int64_t>(c) * groups;
+        br[r] = static_cast<const T*>(a.biases[m]) + static_cast<int64_t>(c) * groups;
+      }
+    }
+  };
+  constexpr int P = 8 / NR > 1 ? 8 / NR : 1;
+  const int first = (blockIdx.x * kGemvWarps + warp) * R;
+  uint4 pw[P][NR];
+  T ps[P][NR], pb[P][NR];
+  if (first < a.n) {
+    const char* wr[NR];
+    const T* sr[NR];
+    const T* br[NR];
+    rows_of(first, wr, sr, br);
+#pragma unroll
+    for (int u = 0; u < P; u++) {
+      const int ku = lane * V + u * 32 * V;
+      if (ku < a.k) {
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+          pw[u][r] = load_stream(wr[r] + static_cast<int64_t>(ku) * (Q == 0 ? 8 * sizeof(T) : Q) / 8);
+          if constexpr (Q != 0) {
+            ps[u][r] = sr[r][ku >> a.gs_log2];
+            pb[u][r] = br[r][ku >> a.gs_log2];
+          }
+        }
+      }
+    }
+  }
   // 1. x into shared memory; for NORM each row's 1 / rms over all K, then
   //    the normalized values in place; for Q the spans' sums.
   for (int i = threadIdx.x; i < a.rows * k8; i += blockDim.x) {
@@ -209,35 +261,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
     __syncthreads();
   }
   // 2. Each group of columns this block takes (a block stages x once for
-  //    all of them): this warp's weight rows (past the end: the last row,
-  //    not stored).
-  for (int col0 = (blockIdx.x * kGemvWarps + warp) * R; col0 < a.n; col0 += gridDim.x * kGemvWarps * R) {
+  //    all of them).
+  auto column = [&]<bool PRE>(int col0) {
     const char* wr[NR];
     const T* sr[NR];
     const T* br[NR];
-    const int64_t row_bytes = static_cast<int64_t>(a.k) * (Q == 0 ? 8 * sizeof(T) : Q) / 8;
-    const int groups = Q == 0 ? 0 : a.k / a.gs;
-#pragma unroll
-    for (int r = 0; r < NR; r++) {
-      int c = min(col0 + (r % R), a.n - 1);
-      int m;
-      if constexpr (MODE == kGlu) {
-        m = r / R;
-      } else if (c < a.seg[0]) {
-        m = 0;
-      } else if (c < a.seg[1]) {
-        m = 1;
-        c -= a.seg[0];
-      } else {
-        m = 2;
-        c -= a.seg[1];
-      }
-      wr[r] = static_cast<const char*>(a.w[m]) + c * row_bytes;
-      if constexpr (Q != 0) {
-        sr[r] = static_cast<const T*>(a.scales[m]) + static_cast<int64_t>(c) * groups;
-        br[r] = static_cast<const T*>(a.biases[m]) + static_cast<int64_t>(c) * groups;
-      }
-    }
+    rows_of(col0, wr, sr, br);
     float acc[NR][B];
 #pragma unroll
     for (int r = 0; r < NR; r++)
@@ -320,15 +349,24 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
         for (int u = 0; u < U; u++) consume(wv[u], sv[u], bv[u], k + u * 32 * V);
       }
     };
-    pass.template operator()<8>();
-    pass.template operator()<4>();
+    // The first columns' first loads, asked for in step 0.
+    if constexpr (PRE) {
+#pragma unroll
+      for (int u = 0; u < P; u++)
+        if (k + u * 32 * V < a.k) consume(pw[u], ps[u], pb[u], k + u * 32 * V);
+      k += P * 32 * V;
+    }
+    // (Eight loads in flight in all: fewer per row where a warp reads
+    // several rows, as many registers.)
+    pass.template operator()<(8 / NR > 1 ? 8 / NR : 1)>();
+    if constexpr (NR < 4) pass.template operator()<(4 / NR > 1 ? 4 / NR : 1)>();
     pass.template operator()<1>();
     // 4. Sum the lanes and store as MODE says.
 #pragma unroll
     for (int r = 0; r < NR; r++)
 #pragma unroll
       for (int b = 0; b < B; b++) acc[r][b] = warp_sum(acc[r][b]);
-    if (lane != 0) continue;
+    if (lane != 0) return;
     T* out = static_cast<T*>(a.out_ref != nullptr ? *a.out_ref : a.out);
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -349,7 +387,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
         }
       }
     }
-  }
+  };
+  // (The first column apart, so that its first loads' registers are free
+  // for the others.)
+  if (first < a.n) column.template operator()<true>(first);
+  for (int col0 = first + gridDim.x * kGemvWarps * R; col0 < a.n; col0 += gridDim.x * kGemvWarps * R)
+    column.template operator()<false>(col0);
 }
 
 }  // namespace grove_fd

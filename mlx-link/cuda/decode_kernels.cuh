@@ -121,6 +121,23 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
   T* kc = static_cast<T*>(sp.kc[a.layer]) + kv_off;
   T* vc = static_cast<T*>(sp.vc[a.layer]) + kv_off;
   const bool writer = h % group == 0 && split == 0;
+  // 0. This warp's first keys and values from the cache, asked for before
+  //    anything else (they do not depend on q): each round of the key loop
+  //    below asks for the next round's while it scores this one.
+  const int sub = lane / LPK, part = lane % LPK;
+  uint4 cur[4] = {}, nxt[4] = {};
+  auto fetch = [&](int t0, uint4 (&into)[4]) {
+    const int t = t0 + sub;
+    if (t < hi && t < idx) {
+      const uint4* kp = reinterpret_cast<const uint4*>(kc + static_cast<int64_t>(t) * D + part * 16);
+      const uint4* vp = reinterpret_cast<const uint4*>(vc + static_cast<int64_t>(t) * D + part * 16);
+      into[0] = kp[0];
+      into[1] = kp[1];
+      into[2] = vp[0];
+      into[3] = vp[1];
+    }
+  };
+  fetch(lo + warp * G, cur);
   // 1. q, the new key and value.
   if (warp == 0) {
     prepare_head<T, D>(row + h * D, static_cast<const T*>(a.q_norm), a.qk_eps, a, pos, q, lane);
@@ -139,7 +156,6 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
   }
   __syncthreads();
   // 2. Scores in base 2 (q scaled by scale * log2(e)), an online softmax.
-  const int sub = lane / LPK, part = lane % LPK;
   const float qs = a.scale * 1.4426950408889634f;
   float qv[16], o[16];
 #pragma unroll
@@ -151,15 +167,13 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
   for (int t0 = lo + warp * G; t0 < hi; t0 += kWarps * G) {
     const int t = t0 + sub;
     const bool live = t < hi;
+    fetch(t0 + kWarps * G, nxt);
     float kf[16], vf[16];
     if (live && t < idx) {
-      const uint4* kp = reinterpret_cast<const uint4*>(kc + static_cast<int64_t>(t) * D + part * 16);
-      const uint4* vp = reinterpret_cast<const uint4*>(vc + static_cast<int64_t>(t) * D + part * 16);
-      const uint4 k0 = kp[0], k1 = kp[1], v0 = vp[0], v1 = vp[1];
-      unpack8<T>(k0, kf);
-      unpack8<T>(k1, kf + 8);
-      unpack8<T>(v0, vf);
-      unpack8<T>(v1, vf + 8);
+      unpack8<T>(cur[0], kf);
+      unpack8<T>(cur[1], kf + 8);
+      unpack8<T>(cur[2], vf);
+      unpack8<T>(cur[3], vf + 8);
     } else {
 #pragma unroll
       for (int i = 0; i < 16; i++) {
@@ -180,6 +194,8 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
       for (int i = 0; i < 16; i++) o[i] = fmaf(o[i], f, p * vf[i]);
       m = nm;
     }
+#pragma unroll
+    for (int i = 0; i < 4; i++) cur[i] = nxt[i];
   }
   // 3. Merge the lane groups' partial softmaxes into this split's (o, m, l).
   const int gi = warp * G + sub;
