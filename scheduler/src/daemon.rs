@@ -58,6 +58,9 @@ pub async fn run(
             config.host
         );
     }
+    if let Some(warning) = crate::mlx_wheels::conflict(&config.runner_bin) {
+        eprintln!("grove: WARNING: {warning}");
+    }
     crate::runner_proc::remove_stale_socket_dirs();
     let sockets = tempfile::Builder::new()
         .prefix(crate::runner_proc::SOCKET_DIR_PREFIX)

@@ -12,6 +12,8 @@
 //! - [`sched`]: the scheduler actor: runner processes, memory budget, eviction,
 //!   keep_alive, queues, crash recovery.
 //! - [`runner_proc`]: starting, watching and stopping one `grove-runner`.
+//! - [`mlx_wheels`]: the MLX wheels pip installed beside the runner (two
+//!   backends in one environment are said at start).
 //! - [`config`], [`duration`]: settings from GROVE_* and keep_alive parsing.
 //! - [`resolve`], [`show`], [`model_size`]: model names, facts and sizes.
 //! - [`pull_rpc`]: the daemon's `Pull` stream over [`store::pull`].
@@ -29,6 +31,7 @@ pub mod duration;
 #[cfg(test)]
 mod fuzz_tests;
 pub mod http;
+pub mod mlx_wheels;
 pub mod model_size;
 pub mod pull_rpc;
 pub mod resolve;
