@@ -52,7 +52,7 @@ pub fn conflict(runner: &Path) -> Option<String> {
             .collect();
         if found.len() > 1 {
             return Some(format!(
-                "{} holds {}, which all write mlx/lib/libmlx.so: the runner gets \
+                "{} holds {}, which write the same mlx/lib/libmlx.so: the runner gets \
                  whichever was installed last. grove-llm (CPU) and grove-llm-cuda \
                  belong in separate environments",
                 dir.display(),
