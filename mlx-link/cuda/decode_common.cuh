@@ -86,6 +86,25 @@ __device__ __forceinline__ void unpack8(const uint4 v, float out[8]) {
   }
 }
 
+// Programmatic dependent launch (Hopper on): each kernel of the step is
+// launched while the one before it still runs. Before `wait_prior` a
+// kernel reads only what no kernel of the step writes (weights, the cache's
+// earlier slots, the step's params), and writes nothing; `wait_prior`
+// returns once the kernel before it has finished and its writes are
+// visible. `release_next` lets the next kernel's blocks start (each then
+// issues its weight loads and waits). Both are no-ops on older GPUs and
+// for a launch without the attribute.
+__device__ __forceinline__ void wait_prior() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void release_next() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 __device__ __forceinline__ uint4 load_stream(const void* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));
 }

@@ -180,6 +180,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
       }
     }
   }
+  // The next kernel may start as this one's blocks leave; x is the last
+  // kernel's output.
+  release_next();
+  wait_prior();
   // 1. x into shared memory; for NORM each row's 1 / rms over all K, then
   //    the normalized values in place; for Q the spans' sums.
   for (int i = threadIdx.x; i < a.rows * k8; i += blockDim.x) {

@@ -138,6 +138,7 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
     }
   };
   fetch(lo + warp * G, cur);
+  wait_prior();  // qkv is the last kernel's output
   // 1. q, the new key and value.
   if (warp == 0) {
     prepare_head<T, D>(row + h * D, static_cast<const T*>(a.q_norm), a.qk_eps, a, pos, q, lane);
@@ -197,6 +198,9 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
 #pragma unroll
     for (int i = 0; i < 4; i++) cur[i] = nxt[i];
   }
+  // The o product may start now (not earlier: with many rows this grid
+  // takes several waves, and its blocks would hold SMs the later waves need).
+  release_next();
   // 3. Merge the lane groups' partial softmaxes into this split's (o, m, l).
   const int gi = warp * G + sub;
   if (part == 0) {
@@ -261,6 +265,8 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
 template <class T>
 __global__ void embed(const StepParams* sp, const T* table, int vocab, int hidden, T* h) {
   const int b = blockIdx.x;
+  release_next();
+  wait_prior();
   uint32_t t = sp->tokens[b];
   if (t >= static_cast<uint32_t>(vocab)) t = 0;
   const uint4* src = reinterpret_cast<const uint4*>(table + static_cast<int64_t>(t) * hidden);
@@ -275,6 +281,8 @@ __global__ void embed_q(const StepParams* sp, const uint32_t* table, const T* sc
                         int vocab, int hidden, int gs, T* h) {
   constexpr int PER_WORD = 32 / Q;
   const int b = blockIdx.x;
+  release_next();
+  wait_prior();
   uint32_t t = sp->tokens[b];
   if (t >= static_cast<uint32_t>(vocab)) t = 0;
   const uint32_t* src = table + static_cast<int64_t>(t) * (hidden / PER_WORD);
