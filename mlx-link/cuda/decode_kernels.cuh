@@ -39,49 +39,70 @@ struct AttnArgs {
   int64_t out_stride;
 };
 
+// What preparing one head needs that no kernel of the step writes, read
+// before the step's wait: the lane's norm weights and RoPE angles.
+template <class T, int D>
+struct HeadPrep {
+  static constexpr int PER = D / 32, HALF = D / 2, HP = (HALF + 31) / 32;
+  float nw[PER];
+  float c[HP], s[HP];
+  bool norm;
+  __device__ void init(const T* w, const AttnArgs& a, int pos, int lane) {
+    norm = w != nullptr;
+#pragma unroll
+    for (int e = 0; e < PER; e++) nw[e] = norm ? Num<T>::to(w[lane + 32 * e]) : 0.f;
+    // RoPE over pairs (i, i + D/2), as MLX's rope kernel computes them.
+    const float L = a.rope_scale * static_cast<float>(pos);
+#pragma unroll
+    for (int e = 0; e < HP; e++) {
+      const int i = lane + 32 * e;
+      c[e] = 1.f;
+      s[e] = 0.f;
+      if (i < HALF) {
+        const float inv_freq =
+            a.freqs != nullptr
+                ? static_cast<float>(1.0 / static_cast<double>(a.freqs[i]))
+                : exp2f(-(static_cast<float>(i) / static_cast<float>(HALF)) * a.log2_base);
+        const float theta = L * inv_freq;
+        c[e] = cosf(theta);
+        s[e] = sinf(theta);
+      }
+    }
+  }
+};
+
 // Normalises (optionally) and rotates one head of D values at `src` into
 // `dst` (shared, values rounded to T), with one warp.
 template <class T, int D>
-__device__ void prepare_head(const T* src, const T* nw, float eps, const AttnArgs& a, int pos,
-                             float* dst, int lane) {
-  constexpr int PER = D / 32;
+__device__ void prepare_head(const T* src, const HeadPrep<T, D>& hp, float eps, float* dst, int lane) {
+  constexpr int PER = D / 32, HALF = D / 2, HP = HeadPrep<T, D>::HP;
   float v[PER];
 #pragma unroll
   for (int e = 0; e < PER; e++) v[e] = Num<T>::to(src[lane + 32 * e]);
-  if (nw != nullptr) {
+  if (hp.norm) {
     float ss = 0.f;
 #pragma unroll
     for (int e = 0; e < PER; e++) ss += v[e] * v[e];
     const float inv = rsqrtf(warp_sum(ss) / D + eps);
 #pragma unroll
-    for (int e = 0; e < PER; e++)
-      v[e] = rt<T>(Num<T>::to(nw[lane + 32 * e]) * rt<T>(v[e] * inv));
+    for (int e = 0; e < PER; e++) v[e] = rt<T>(hp.nw[e] * rt<T>(v[e] * inv));
   }
 #pragma unroll
   for (int e = 0; e < PER; e++) dst[lane + 32 * e] = v[e];
   __syncwarp();
-  // RoPE over pairs (i, i + D/2), as MLX's rope kernel computes them.
-  constexpr int HALF = D / 2;
-  float r1[(HALF + 31) / 32], r2[(HALF + 31) / 32];
-  const float L = a.rope_scale * static_cast<float>(pos);
+  float r1[HP], r2[HP];
 #pragma unroll
-  for (int e = 0; e < (HALF + 31) / 32; e++) {
+  for (int e = 0; e < HP; e++) {
     const int i = lane + 32 * e;
     if (i < HALF) {
-      const float inv_freq =
-          a.freqs != nullptr
-              ? static_cast<float>(1.0 / static_cast<double>(a.freqs[i]))
-              : exp2f(-(static_cast<float>(i) / static_cast<float>(HALF)) * a.log2_base);
-      const float theta = L * inv_freq;
-      const float c = cosf(theta), s = sinf(theta);
       const float x1 = dst[i], x2 = dst[i + HALF];
-      r1[e] = rt<T>(x1 * c - x2 * s);
-      r2[e] = rt<T>(x1 * s + x2 * c);
+      r1[e] = rt<T>(x1 * hp.c[e] - x2 * hp.s[e]);
+      r2[e] = rt<T>(x1 * hp.s[e] + x2 * hp.c[e]);
     }
   }
   __syncwarp();
 #pragma unroll
-  for (int e = 0; e < (HALF + 31) / 32; e++) {
+  for (int e = 0; e < HP; e++) {
     const int i = lane + 32 * e;
     if (i < HALF) {
       dst[i] = r1[e];
@@ -121,11 +142,13 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
   T* kc = static_cast<T*>(sp.kc[a.layer]) + kv_off;
   T* vc = static_cast<T*>(sp.vc[a.layer]) + kv_off;
   const bool writer = h % group == 0 && split == 0;
-  // 0. This warp's first keys and values from the cache, asked for before
-  //    anything else (they do not depend on q): each round of the key loop
-  //    below asks for the next round's while it scores this one.
+  // 0. Before the wait, what does not depend on q/k/v: this warp's first
+  //    two rounds of keys and values from the cache (each round of the key
+  //    loop below then asks for the one two ahead while it scores this
+  //    one), and the RoPE angles and norm weights of the heads it prepares.
   const int sub = lane / LPK, part = lane % LPK;
-  uint4 cur[4] = {}, nxt[4] = {};
+  constexpr int STEP = kWarps * G;  // keys a block scores per round
+  uint4 b0[4] = {}, b1[4] = {};
   auto fetch = [&](int t0, uint4 (&into)[4]) {
     const int t = t0 + sub;
     if (t < hi && t < idx) {
@@ -137,14 +160,17 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
       into[3] = vp[1];
     }
   };
-  fetch(lo + warp * G, cur);
+  const int t_first = lo + warp * G;
+  fetch(t_first, b0);
+  fetch(t_first + STEP, b1);
+  HeadPrep<T, D> hp;
+  if (warp < 2) hp.init(static_cast<const T*>(warp == 0 ? a.q_norm : a.k_norm), a, pos, lane);
   wait_prior();  // qkv is the last kernel's output
   // 1. q, the new key and value.
   if (warp == 0) {
-    prepare_head<T, D>(row + h * D, static_cast<const T*>(a.q_norm), a.qk_eps, a, pos, q, lane);
+    prepare_head<T, D>(row + h * D, hp, a.qk_eps, q, lane);
   } else if (warp == 1) {
-    prepare_head<T, D>(row + (a.heads + kvh) * D, static_cast<const T*>(a.k_norm), a.qk_eps, a,
-                       pos, kn, lane);
+    prepare_head<T, D>(row + (a.heads + kvh) * D, hp, a.qk_eps, kn, lane);
     __syncwarp();
     if (writer)
       for (int j = lane; j < D; j += 32) kc[static_cast<int64_t>(idx) * D + j] = Num<T>::from(kn[j]);
@@ -165,16 +191,15 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
     o[i] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
-  for (int t0 = lo + warp * G; t0 < hi; t0 += kWarps * G) {
+  auto score = [&](int t0, const uint4 (&buf)[4]) {
     const int t = t0 + sub;
     const bool live = t < hi;
-    fetch(t0 + kWarps * G, nxt);
     float kf[16], vf[16];
     if (live && t < idx) {
-      unpack8<T>(cur[0], kf);
-      unpack8<T>(cur[1], kf + 8);
-      unpack8<T>(cur[2], vf);
-      unpack8<T>(cur[3], vf + 8);
+      unpack8<T>(buf[0], kf);
+      unpack8<T>(buf[1], kf + 8);
+      unpack8<T>(buf[2], vf);
+      unpack8<T>(buf[3], vf + 8);
     } else {
 #pragma unroll
       for (int i = 0; i < 16; i++) {
@@ -195,8 +220,15 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
       for (int i = 0; i < 16; i++) o[i] = fmaf(o[i], f, p * vf[i]);
       m = nm;
     }
-#pragma unroll
-    for (int i = 0; i < 4; i++) cur[i] = nxt[i];
+  };
+  // (Two rounds per turn, so that each buffer stays in registers.)
+  for (int t0 = t_first; t0 < hi; t0 += 2 * STEP) {
+    score(t0, b0);
+    fetch(t0 + 2 * STEP, b0);
+    if (t0 + STEP < hi) {
+      score(t0 + STEP, b1);
+      fetch(t0 + 3 * STEP, b1);
+    }
   }
   // The o product may start now (not earlier: with many rows this grid
   // takes several waves, and its blocks would hold SMs the later waves need).
@@ -211,19 +243,25 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
   for (int i = 0; i < 16; i++) go[gi][part * 16 + i] = o[i];
   __syncthreads();
   float M = -INFINITY;
+#pragma unroll
   for (int g = 0; g < GROUPS; g++)
     if (gl[g] > 0.f) M = fmaxf(M, gm[g]);
+  // Each group's weight exp2(m - M), once (0 for a group without keys).
+  __shared__ float gw[GROUPS];
+  if (threadIdx.x < GROUPS) gw[threadIdx.x] = gl[threadIdx.x] > 0.f ? exp2f(gm[threadIdx.x] - M) : 0.f;
+  __syncthreads();
   float* mine = a.part + ((static_cast<int64_t>(b) * a.heads + h) * kSplits + split) * (D + 2);
   for (int j = threadIdx.x; j < D + 2; j += blockDim.x) {
     float v = 0.f;
     if (j < D) {
+#pragma unroll 8
       for (int g = 0; g < GROUPS; g++)
-        if (gl[g] > 0.f) v += go[g][j] * exp2f(gm[g] - M);
+        if (gl[g] > 0.f) v += go[g][j] * gw[g];
     } else if (j == D) {
       v = M;
     } else {
       for (int g = 0; g < GROUPS; g++)
-        if (gl[g] > 0.f) v += gl[g] * exp2f(gm[g] - M);
+        if (gl[g] > 0.f) v += gl[g] * gw[g];
     }
     mine[j] = v;
   }
