@@ -5,10 +5,12 @@
 // straight onto MLX's CUDA stream: captured once per batch size as a CUDA
 // graph and replayed, the step's changing inputs (token, slot, left padding,
 // KV buffers, logits) written first into device memory by one small kernel.
-// On Hopper each kernel is a programmatic dependent of the one before it:
-// its blocks start, and issue their first weight loads, while the previous
-// kernel's last blocks finish (H200, GROVE_FD_PDL=0 to compare: Llama-1B
-// bf16 950.6 against 856.2 tok/s, Llama-8B 4-bit 414.9 against 390.0).
+// On Hopper each kernel (but the largest products, see pdl_max_bytes) is a
+// programmatic dependent of the one before it: its blocks start, and issue
+// their first weight loads, while the previous kernel's last blocks finish
+// (H200, GROVE_FD_PDL=0 to compare: Llama-1B bf16 950.6 against 856.2
+// tok/s, Llama-8B 4-bit 414.9 against 390.0, Qwen3-4B bf16 328.8 against
+// 307.1).
 //
 // Why: MLX's CUDA backend spends 5-9 us of host time per operation and a
 // decode step is 20 operations per layer, so at batch 1 the GPU waits for
@@ -200,6 +202,15 @@ int sm_count() {
 // kernel before them (decode_common.cuh's wait_prior): Hopper on, unless
 // GROVE_FD_PDL=0 (to compare). Set when a plan is made.
 bool pdl = false;
+// Products of more weight bytes than this (100 MiB; Qwen3-4B's gate/up
+// 99.6 MB stays under) are launched without it: as
+// dependents, Llama-8B bf16's gate/up (235 MB) and down (117 MB) made its
+// step slower (H200, the same library in one run: 200.7 tok/s with every
+// kernel dependent, 214.6 with these two launched plainly, 214.4 with no
+// kernel dependent), while launching the heads (295-525 MB) plainly costs
+// Llama-1B and -8B 4-bit nothing (993.0 / 424.4 against 984.2 / 421.5).
+// Why the large ones lose was not found. GROVE_FD_PDL_MAX_MB changes it.
+size_t pdl_max_bytes = size_t{100} << 20;
 
 bool pdl_supported() {
   int dev = 0, major = 0;
@@ -211,7 +222,8 @@ bool pdl_supported() {
 // kernel<<<grid, block, smem, s>>>(args...), launched as a programmatic
 // dependent of the stream's last kernel where `pdl` says so.
 template <class... P, class... A>
-void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A&&... args) {
+void launch(bool dependent, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+            A&&... args) {
   cudaLaunchConfig_t c{};
   c.gridDim = grid;
   c.blockDim = block;
@@ -219,7 +231,7 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream
   c.stream = s;
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+  at[0].val.programmaticStreamSerializationAllowed = dependent ? 1 : 0;
   c.attrs = at;
   c.numAttrs = 1;
   check(cudaLaunchKernelEx(&c, kernel, std::forward<A>(args)...), "launch");
@@ -243,7 +255,9 @@ void launch_gemv(const GemvArgs& a, cudaStream_t s) {
   auto kernel = gemv<T, B, R, MODE, NORM, Q>;
   allow_smem(kernel, smem);
   const int groups = (a.n + cols_per_block - 1) / cols_per_block;
-  launch(kernel, grid_for(kernel, smem, groups, kGemvWarps * 32), kGemvWarps * 32, smem, s, a);
+  const size_t bytes = static_cast<size_t>(a.n) * a.k * (Q == 0 ? 8 * sizeof(T) : Q) / 8 * (MODE == kGlu ? 2 : 1);
+  launch(pdl && bytes <= pdl_max_bytes, kernel, grid_for(kernel, smem, groups, kGemvWarps * 32), kGemvWarps * 32,
+         smem, s, a);
 }
 
 // Two columns per warp where that still gives every SM a block (each x
@@ -294,9 +308,9 @@ template <class T>
 void launch_attend(const AttnArgs& a, int rows, int head_dim, cudaStream_t s) {
   dim3 grid(a.heads, rows, grove_fd::kSplits), block(grove_fd::kWarps * 32);
   if (head_dim == 64)
-    launch(grove_fd::attend<T, 64>, grid, block, 0, s, a);
+    launch(pdl, grove_fd::attend<T, 64>, grid, block, 0, s, a);
   else
-    launch(grove_fd::attend<T, 128>, grid, block, 0, s, a);
+    launch(pdl, grove_fd::attend<T, 128>, grid, block, 0, s, a);
 }
 
 // x [rows, k] @ w^T -> out [rows, n], the rows packed (k and n apart); a
@@ -627,6 +641,8 @@ int grove_fd_new(const Dims* dims, const grove_fd::MatIn* mats, int n_mats, void
     p->prof.on = prof != nullptr && std::strcmp(prof, "1") == 0;
     const char* pdl_env = std::getenv("GROVE_FD_PDL");
     pdl = pdl_supported() && (pdl_env == nullptr || std::strcmp(pdl_env, "0") != 0);
+    const char* max_mb = std::getenv("GROVE_FD_PDL_MAX_MB");
+    if (max_mb != nullptr) pdl_max_bytes = static_cast<size_t>(std::strtoull(max_mb, nullptr, 10)) << 20;
     const char* in_place = std::getenv("GROVE_FD_IN_PLACE");
     p->in_place = in_place == nullptr || std::strcmp(in_place, "0") != 0;
     *plan_out = new std::shared_ptr<Plan>(std::move(p));
