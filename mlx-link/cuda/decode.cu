@@ -1,11 +1,11 @@
 // Grove's CUDA decode step: one MLX primitive that runs a whole decode step
 // of a pre-norm decoder (Llama, Mistral, Qwen3; float16/bfloat16 weights or
 // MLX's affine 4/8-bit ones, full-precision KV) as 5 kernels per layer
-// (decode_kernels.cuh), launched
-// straight onto MLX's CUDA stream: captured once per batch size as a CUDA
+// (decode_kernels.cuh), launched (decode_launch.cuh) straight onto MLX's
+// CUDA stream: captured once per batch size as a CUDA
 // graph and replayed, the step's changing inputs (token, slot, left padding,
 // KV buffers, logits) written first into device memory by one small kernel.
-// On Hopper each kernel (but the largest products, see pdl_max_bytes) is a
+// On Hopper each kernel (but the largest products: decode_launch.cuh) is a
 // programmatic dependent of the one before it: its blocks start, and issue
 // their first weight loads, while the previous kernel's last blocks finish
 // (H200, GROVE_FD_PDL=0 to compare: Llama-1B bf16 950.6 against 856.2
@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "decode_kernels.cuh"
+#include "decode_launch.cuh"
 #include "decode_profile.h"
 #include "mlx/allocator.h"
 #include "mlx/array.h"
@@ -80,10 +81,11 @@ using grove_fd::Profile;
 enum { kWq, kWk, kWv, kWo, kWg, kWu, kWd, kMats };
 enum { kLn1, kLn2, kQn, kKn, kVecs };
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("[grove decode] ") + what + ": " + cudaGetErrorString(e));
-}
+using grove_fd::check;
+using grove_fd::pdl;
+using grove_fd::pdl_max_bytes;
+using grove_fd::pdl_supported;
+using grove_fd::product_smem;
 
 const void* ptr(const array& a) {
   // offset() counts bytes, as MLX's own gpu_ptr takes it.
@@ -169,149 +171,6 @@ struct Plan {
 // Past it (Llama-8B at 8 rows: 235 tok/s against 685 for mlx-lm, measured
 // on an H100), MLX's step is faster.
 constexpr size_t kXBytes = 48 * 1024;
-
-// Lets `kernel` take `bytes` of dynamic shared memory (with its static
-// shared memory, a block may then pass the default 48 KiB). Only ever
-// raised: a launch captured earlier keeps what it was captured with.
-template <class K>
-void allow_smem(K kernel, size_t bytes) {
-  if (bytes <= 47 * 1024) return;  // within the default with its static part
-  static std::unordered_map<const void*, size_t> allowed;
-  size_t& have = allowed[reinterpret_cast<const void*>(kernel)];
-  if (bytes <= have) return;
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
-        "shared memory");
-  have = bytes;
-}
-
-// The dynamic shared memory of a product of `rows` rows.
-size_t product_smem(int bits, int rows, int k, int t_bytes) { return grove_fd::gemv_smem(bits, rows, k, t_bytes); }
-
-// The GPU's multiprocessors.
-int sm_count() {
-  static int sms = 0;
-  if (sms == 0) {
-    int dev = 0;
-    check(cudaGetDevice(&dev), "device");
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "device");
-  }
-  return sms;
-}
-
-// Whether the step's kernels are launched as programmatic dependents of the
-// kernel before them (decode_common.cuh's wait_prior): Hopper on, unless
-// GROVE_FD_PDL=0 (to compare). Set when a plan is made.
-bool pdl = false;
-// Products of more weight bytes than this (100 MiB; Qwen3-4B's gate/up
-// 99.6 MB stays under) are launched without it: as
-// dependents, Llama-8B bf16's gate/up (235 MB) and down (117 MB) made its
-// step slower (H200, the same library in one run: 200.7 tok/s with every
-// kernel dependent, 214.6 with these two launched plainly, 214.4 with no
-// kernel dependent), while launching the heads (295-525 MB) plainly costs
-// Llama-1B and -8B 4-bit nothing (993.0 / 424.4 against 984.2 / 421.5).
-// Why the large ones lose was not found. GROVE_FD_PDL_MAX_MB changes it.
-size_t pdl_max_bytes = size_t{100} << 20;
-
-bool pdl_supported() {
-  int dev = 0, major = 0;
-  check(cudaGetDevice(&dev), "device");
-  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "device");
-  return major >= 9;
-}
-
-// kernel<<<grid, block, smem, s>>>(args...), launched as a programmatic
-// dependent of the stream's last kernel where `pdl` says so.
-template <class... P, class... A>
-void launch(bool dependent, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-            A&&... args) {
-  cudaLaunchConfig_t c{};
-  c.gridDim = grid;
-  c.blockDim = block;
-  c.dynamicSmemBytes = smem;
-  c.stream = s;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = dependent ? 1 : 0;
-  c.attrs = at;
-  c.numAttrs = 1;
-  check(cudaLaunchKernelEx(&c, kernel, std::forward<A>(args)...), "launch");
-}
-
-// As many blocks as the GPU holds at once (each then takes tiles or column
-// groups until none is left: x is staged, and normalized, once per block).
-template <class K>
-int grid_for(K kernel, size_t smem, int work, int threads = grove_fd::kWarps * 32) {
-  const int sms = sm_count();
-  int resident = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, smem), "occupancy");
-  return std::max(1, std::min(work, resident * sms));
-}
-
-template <class T, int B, int R, int MODE, bool NORM, int Q>
-void launch_gemv(const GemvArgs& a, cudaStream_t s) {
-  using namespace grove_fd;
-  const int cols_per_block = kGemvWarps * R;
-  const size_t smem = gemv_smem(Q, a.rows, a.k, sizeof(T));
-  auto kernel = gemv<T, B, R, MODE, NORM, Q>;
-  allow_smem(kernel, smem);
-  const int groups = (a.n + cols_per_block - 1) / cols_per_block;
-  const size_t bytes = static_cast<size_t>(a.n) * a.k * (Q == 0 ? 8 * sizeof(T) : Q) / 8 * (MODE == kGlu ? 2 : 1);
-  launch(pdl && bytes <= pdl_max_bytes, kernel, grid_for(kernel, smem, groups, kGemvWarps * 32), kGemvWarps * 32,
-         smem, s, a);
-}
-
-// Two columns per warp where that still gives every SM a block (each x
-// value read from shared memory then serves two rows of W), else one; the
-// SiLU products read two rows (gate and up) with one column already.
-template <class T, int B, int MODE, bool NORM, int Q>
-void launch_cols(const GemvArgs& a, cudaStream_t s) {
-  if constexpr (MODE != grove_fd::kGlu) {
-    if (a.n / (2 * grove_fd::kGemvWarps) >= sm_count() * 9 / 10) return launch_gemv<T, B, 2, MODE, NORM, Q>(a, s);
-  }
-  launch_gemv<T, B, 1, MODE, NORM, Q>(a, s);
-}
-
-template <class T, int MODE, bool NORM, int Q>
-void launch_rows(const GemvArgs& a, cudaStream_t s) {
-  switch (a.rows) {
-    case 1: return launch_cols<T, 1, MODE, NORM, Q>(a, s);
-    case 2: return launch_cols<T, 2, MODE, NORM, Q>(a, s);
-    case 3: return launch_cols<T, 3, MODE, NORM, Q>(a, s);
-    case 4: return launch_cols<T, 4, MODE, NORM, Q>(a, s);
-    default: return launch_cols<T, 8, MODE, NORM, Q>(a, s);
-  }
-}
-
-template <class T, int MODE, bool NORM>
-void launch_bits(int bits, const GemvArgs& a, cudaStream_t s) {
-  switch (bits) {
-    case 0: return launch_rows<T, MODE, NORM, 0>(a, s);
-    case 4: return launch_rows<T, MODE, NORM, 4>(a, s);
-    case 8: return launch_rows<T, MODE, NORM, 8>(a, s);
-    default: throw std::runtime_error("[grove decode] no product for these bits");
-  }
-}
-
-// The products a step takes: q/k/v and the head (norm, store), o and down
-// (residual), gate/up (norm, SiLU).
-template <class T>
-void gemv_rows(int rows, int mode, bool norm, int bits, GemvArgs a, cudaStream_t s) {
-  using namespace grove_fd;
-  a.rows = rows;
-  if (mode == kStore && norm) return launch_bits<T, kStore, true>(bits, a, s);
-  if (mode == kResidual && !norm) return launch_bits<T, kResidual, false>(bits, a, s);
-  if (mode == kGlu && norm) return launch_bits<T, kGlu, true>(bits, a, s);
-  throw std::runtime_error("[grove decode] no such product");
-}
-
-template <class T>
-void launch_attend(const AttnArgs& a, int rows, int head_dim, cudaStream_t s) {
-  dim3 grid(a.heads, rows, grove_fd::kSplits), block(grove_fd::kWarps * 32);
-  if (head_dim == 64)
-    launch(pdl, grove_fd::attend<T, 64>, grid, block, 0, s, a);
-  else
-    launch(pdl, grove_fd::attend<T, 128>, grid, block, 0, s, a);
-}
 
 // x [rows, k] @ w^T -> out [rows, n], the rows packed (k and n apart); a
 // fused RMS norm of x where `norm` is given. Stacked matrices (q/k/v) and
