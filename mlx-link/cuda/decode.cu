@@ -85,7 +85,6 @@ using grove_fd::check;
 using grove_fd::pdl;
 using grove_fd::pdl_max_bytes;
 using grove_fd::pdl_supported;
-using grove_fd::product_smem;
 
 const void* ptr(const array& a) {
   // offset() counts bytes, as MLX's own gpu_ptr takes it.
@@ -489,7 +488,7 @@ int grove_fd_new(const Dims* dims, const grove_fd::MatIn* mats, int n_mats, void
     if (d.has_freqs && p->freqs.dtype() != float32) return fail("RoPE frequencies must be float32");
     auto fits = [&](int rows) {
       for (const auto& [w, k] : products)
-        if (product_smem(w->bits, rows, k, size_of(p->dtype)) > kXBytes) return false;
+        if (grove_fd::gemv_smem(w->bits, rows, k, size_of(p->dtype)) > kXBytes) return false;
       return true;
     };
     p->max_rows = grove_fd::kMaxRows;

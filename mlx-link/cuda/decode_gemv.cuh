@@ -156,6 +156,19 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
       }
     }
   };
+  // One 16-byte load of each of a warp's rows at value ku (for Q, with its
+  // group's scale and bias).
+  auto load_at = [&](const char* (&wr)[NR], const T* (&sr)[NR], const T* (&br)[NR], int ku, uint4 (&wv)[NR],
+                     T (&sv)[NR], T (&bv)[NR]) {
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+      wv[r] = load_stream(wr[r] + static_cast<int64_t>(ku) * (Q == 0 ? 8 * sizeof(T) : Q) / 8);
+      if constexpr (Q != 0) {
+        sv[r] = sr[r][ku >> a.gs_log2];
+        bv[r] = br[r][ku >> a.gs_log2];
+      }
+    }
+  };
   constexpr int P = 8 / NR > 1 ? 8 / NR : 1;
   const int first = (blockIdx.x * kGemvWarps + warp) * R;
   uint4 pw[P][NR];
@@ -168,16 +181,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
 #pragma unroll
     for (int u = 0; u < P; u++) {
       const int ku = lane * V + u * 32 * V;
-      if (ku < a.k) {
-#pragma unroll
-        for (int r = 0; r < NR; r++) {
-          pw[u][r] = load_stream(wr[r] + static_cast<int64_t>(ku) * (Q == 0 ? 8 * sizeof(T) : Q) / 8);
-          if constexpr (Q != 0) {
-            ps[u][r] = sr[r][ku >> a.gs_log2];
-            pb[u][r] = br[r][ku >> a.gs_log2];
-          }
-        }
-      }
+      if (ku < a.k) load_at(wr, sr, br, ku, pw[u], ps[u], pb[u]);
     }
   }
   // The next kernel may start as this one's blocks leave; x is the last
@@ -339,16 +343,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
         uint4 wv[U][NR];
         T sv[U][NR], bv[U][NR];
 #pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-          for (int r = 0; r < NR; r++) {
-            const int ku = k + u * 32 * V;
-            wv[u][r] = load_stream(wr[r] + static_cast<int64_t>(ku) * (Q == 0 ? 8 * sizeof(T) : Q) / 8);
-            if constexpr (Q != 0) {
-              sv[u][r] = sr[r][ku >> a.gs_log2];
-              bv[u][r] = br[r][ku >> a.gs_log2];
-            }
-          }
+        for (int u = 0; u < U; u++) load_at(wr, sr, br, k + u * 32 * V, wv[u], sv[u], bv[u]);
 #pragma unroll
         for (int u = 0; u < U; u++) consume(wv[u], sv[u], bv[u], k + u * 32 * V);
       }

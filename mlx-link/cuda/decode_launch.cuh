@@ -35,9 +35,6 @@ void allow_smem(K kernel, size_t bytes) {
   have = bytes;
 }
 
-// The dynamic shared memory of a product of `rows` rows.
-inline size_t product_smem(int bits, int rows, int k, int t_bytes) { return gemv_smem(bits, rows, k, t_bytes); }
-
 // The GPU's multiprocessors.
 inline int sm_count() {
   static int sms = 0;
