@@ -111,6 +111,10 @@ struct Plan {
   void* qkv = nullptr;
   void* att = nullptr;
   void* act = nullptr;
+  void* xn = nullptr;  // x normalized for the tensor-core products
+  float* tc_part = nullptr;  // their split sums
+  int* tc_arrived = nullptr;  // their splits done per block column
+  grove_fd::TcScratch tcs{};
   grove_fd::StepParams* params = nullptr;  // the step's changing inputs
   float* part = nullptr;                   // attention's per-split results
   int* arrived = nullptr;                  // attention's split counters
@@ -120,31 +124,57 @@ struct Plan {
   mutable cudaGraphExec_t graphs[grove_fd::kMaxRows + 1] = {};
   mutable Profile prof;
   bool in_place = true;  // GROVE_FD_IN_PLACE=0: always copy (a diagnostic)
-  int max_rows = 1;      // rows whose x fits kXBytes in every product
-  // In-place outputs' Data -> the allocation it stands on (see eval_gpu).
-  mutable std::unordered_map<const void*, std::weak_ptr<array::Data>> roots;
+  int max_rows = 1;      // rows a step takes: gemv's (whose x fits kXBytes
+                         // in every product), or kMaxRows with tc_rows
+  int tc_rows = grove_fd::kMaxRows + 1;  // batches from this many rows use gemm_tc
+  // Each cache output's Data -> the allocation it stands on (its own for a
+  // copy) and the step that made it (see eval_gpu).
+  struct Made {
+    std::weak_ptr<array::Data> root;
+    uint64_t step;
+  };
+  mutable std::unordered_map<const void*, Made> made;
+  // An event recorded after each of the last kRing steps (step % kRing).
+  static constexpr uint64_t kRing = 8;
+  mutable cudaEvent_t done[kRing] = {};
+  mutable uint64_t steps = 0;  // steps dispatched
+
+  // Whether the step that made `in` (one of this plan's outputs) is still
+  // running on the GPU. MLX then still holds its outputs (as the step's
+  // temporaries), one reference each: all but the output MLX evaluated the
+  // step for, which is the logits (the engine evaluates the sampled token).
+  bool made_in_flight(const array& in) const {
+    auto it = made.find(in.data_shared_ptr().get());
+    if (it == made.end() || steps - it->second.step >= kRing) return false;
+    return cudaEventQuery(done[it->second.step % kRing]) == cudaErrorNotReady;
+  }
 
   // The Data that owns `in`'s memory: its own, or the allocation an earlier
   // step's in-place output stood on (checked to be the same buffer).
   std::shared_ptr<array::Data> root_of(const array& in) const {
-    auto it = roots.find(in.data_shared_ptr().get());
-    if (it != roots.end()) {
-      std::shared_ptr<array::Data> r = it->second.lock();
-      roots.erase(it);
+    auto it = made.find(in.data_shared_ptr().get());
+    if (it != made.end()) {
+      std::shared_ptr<array::Data> r = it->second.root.lock();
+      made.erase(it);
       if (r && r->buffer.ptr() == in.buffer().ptr()) return r;
     }
-    if (roots.size() > 4096)
-      for (auto i = roots.begin(); i != roots.end();) i = i->second.expired() ? roots.erase(i) : std::next(i);
     return in.data_shared_ptr();
+  }
+  void record(const array& out, std::shared_ptr<array::Data> root) const {
+    if (made.size() > 4096)
+      for (auto i = made.begin(); i != made.end();) i = i->second.root.expired() ? made.erase(i) : std::next(i);
+    made[out.data_shared_ptr().get()] = Made{root, steps};
   }
 
   Plan() : final_norm(0.f), freqs(0.f) {}
   ~Plan() {
-    for (void* p : {h, qkv, att, act, static_cast<void*>(params), static_cast<void*>(part),
-                    static_cast<void*>(arrived)})
+    for (void* p : {h, qkv, att, act, xn, static_cast<void*>(tc_part), static_cast<void*>(tc_arrived),
+                    static_cast<void*>(params), static_cast<void*>(part), static_cast<void*>(arrived)})
       if (p) cudaFree(p);
     for (cudaGraphExec_t g : graphs)
       if (g) cudaGraphExecDestroy(g);
+    for (cudaEvent_t e : done)
+      if (e) cudaEventDestroy(e);
     if (capture) cudaStreamDestroy(capture);
   }
   int qkv_width() const { return (d.heads + 2 * d.kv_heads) * d.head_dim; }
@@ -154,12 +184,24 @@ struct Plan {
     check(cudaMalloc(&qkv, r * qkv_width() * e), "scratch");
     check(cudaMalloc(&att, r * d.heads * d.head_dim * e), "scratch");
     check(cudaMalloc(&act, r * d.intermediate * e), "scratch");
+    check(cudaMalloc(&xn, r * d.hidden * e), "scratch");
+    // Split sums ([blocks, splits, up to 1024 values]: a product splits
+    // only while it has fewer blocks than tc_blocks per SM; room for 4, and
+    // launch_tc splits less past it) and counters per block column (at most
+    // one per 8 columns).
+    const size_t part_floats = size_t{4} * grove_fd::sm_count() * grove_fd::kTcMaxSplits * 1024;
+    const size_t widest = std::max({d.vocab, d.intermediate, qkv_width(), d.hidden});
+    check(cudaMalloc(&tc_part, part_floats * sizeof(float)), "scratch");
+    check(cudaMalloc(&tc_arrived, (widest / 8 + 1) * sizeof(int)), "scratch");
+    check(cudaMemset(tc_arrived, 0, (widest / 8 + 1) * sizeof(int)), "scratch");
+    tcs = grove_fd::TcScratch{xn, tc_part, part_floats, tc_arrived};
     check(cudaMalloc(&params, sizeof(grove_fd::StepParams)), "scratch");
     const size_t parts = r * d.heads * grove_fd::kSplits * (d.head_dim + 2);
     check(cudaMalloc(&part, parts * sizeof(float)), "scratch");
     check(cudaMalloc(&arrived, r * d.heads * sizeof(int)), "scratch");
     check(cudaMemset(arrived, 0, r * d.heads * sizeof(int)), "scratch");
     check(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking), "capture stream");
+    for (cudaEvent_t& e : done) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event");
   }
 };
 
@@ -225,6 +267,7 @@ void run_step(const Plan& p, int rows, cudaStream_t s) {
         static_cast<const T*>(ptr(p.embed.biases)), d.vocab, d.hidden, p.embed.gs, static_cast<T*>(p.h));
   p.prof.mark(s, Profile::kEmbed);
   const int q_rows = d.heads * d.head_dim, kv_rows = d.kv_heads * d.head_dim;
+  const bool tc = rows >= p.tc_rows;  // the products on tensor cores
   for (int l = 0; l < d.layers; l++) {
     const std::vector<Mat>& w = p.mats[l];
     const std::vector<array>& v = p.vecs[l];
@@ -234,7 +277,7 @@ void run_step(const Plan& p, int rows, cudaStream_t s) {
     stack(g, 2, w[kWv]);
     g.seg[0] = q_rows;
     g.seg[1] = q_rows + kv_rows;
-    gemv_rows<T>(rows, kStore, true, w[kWq].bits, g, s);
+    gemv_rows<T>(rows, kStore, true, w[kWq].bits, tc, p.tcs, g, s);
     p.prof.mark(s, Profile::kQkv);
     // 2. attention of the new token, written into slot idx
     AttnArgs a{};
@@ -258,22 +301,24 @@ void run_step(const Plan& p, int rows, cudaStream_t s) {
     launch_attend<T>(a, rows, d.head_dim, s);
     p.prof.mark(s, Profile::kAttend);
     // 3. h += att @ Wo^T
-    gemv_rows<T>(rows, kResidual, false, w[kWo].bits, product(p.att, q_rows, w[kWo], d.hidden, p.h), s);
+    gemv_rows<T>(rows, kResidual, false, w[kWo].bits, tc, p.tcs, product(p.att, q_rows, w[kWo], d.hidden, p.h),
+                 s);
     p.prof.mark(s, Profile::kO);
     // 4. act = silu(norm(h) @ Wg^T) * (norm(h) @ Wu^T)
     GemvArgs m = product(p.h, d.hidden, w[kWg], d.intermediate, p.act, ptr(v[kLn2]), d.rms_eps);
     stack(m, 1, w[kWu]);
-    gemv_rows<T>(rows, kGlu, true, w[kWg].bits, m, s);
+    gemv_rows<T>(rows, kGlu, true, w[kWg].bits, tc, p.tcs, m, s);
     p.prof.mark(s, Profile::kGlu);
     // 5. h += act @ Wd^T
-    gemv_rows<T>(rows, kResidual, false, w[kWd].bits, product(p.act, d.intermediate, w[kWd], d.hidden, p.h), s);
+    gemv_rows<T>(rows, kResidual, false, w[kWd].bits, tc, p.tcs,
+                 product(p.act, d.intermediate, w[kWd], d.hidden, p.h), s);
     p.prof.mark(s, Profile::kDown);
   }
   // logits = norm(h) @ head^T, into the step's logits array
   const Mat& head = d.tied ? p.embed : p.head;
   GemvArgs hd = product(p.h, d.hidden, head, d.vocab, nullptr, ptr(p.final_norm), d.rms_eps);
   hd.out_ref = &p.params->logits;
-  gemv_rows<T>(rows, kStore, true, head.bits, hd, s);
+  gemv_rows<T>(rows, kStore, true, head.bits, tc, p.tcs, hd, s);
   p.prof.mark(s, Profile::kHead);
   check(cudaGetLastError(), "launch");
 }
@@ -308,16 +353,22 @@ class DecodeStep : public Primitive {
       // its own Data over the same buffer, keeping the allocation alive:
       // sharing the input's Data would make the previous step's in-flight
       // inputs (which MLX holds until that step completes) count as other
-      // holders, and every step would copy.
-      if (p.in_place && in.data_shared_ptr().use_count() == 1 && in.flags().row_contiguous &&
-          in.offset() == 0) {
+      // holders, and every step would copy. The previous step's outputs are
+      // held by MLX too until it completes (as its temporaries): one more
+      // holder is MLX's while the step that made `in` still runs (the count
+      // read first: the step still running after it, MLX's reference was
+      // there when it was read, and any other holder would make it 3).
+      const long holders = in.data_shared_ptr().use_count();
+      const bool alone = holders == 1 || (holders == 2 && p.made_in_flight(in));
+      if (p.in_place && alone && in.flags().row_contiguous && in.offset() == 0) {
         std::shared_ptr<array::Data> root = p.root_of(in);
         out.set_data(in.buffer(), [root](allocator::Buffer) {});
-        p.roots[out.data_shared_ptr().get()] = root;
+        p.record(out, std::move(root));
       } else {
         out.set_data(allocator::malloc(out.nbytes()));
         check(cudaMemcpyAsync(mut_ptr(out), ptr(in), out.nbytes(), cudaMemcpyDeviceToDevice, s),
               "cache copy");
+        p.record(out, out.data_shared_ptr());
         p.prof.copies++;
       }
       (i % 2 ? kc : vc).push_back(mut_ptr(out));
@@ -361,7 +412,10 @@ class DecodeStep : public Primitive {
         cudaGraphDestroy(graph);
       }
       check(cudaGraphLaunch(g, s), "graph launch");
+      if (p.prof.sync) check(cudaStreamSynchronize(s), "sync");
     }
+    check(cudaEventRecord(p.done[p.steps % Plan::kRing], s), "event");
+    p.steps++;
     p.prof.end();
   }
 
@@ -491,16 +545,34 @@ int grove_fd_new(const Dims* dims, const grove_fd::MatIn* mats, int n_mats, void
         if (grove_fd::gemv_smem(w->bits, rows, k, size_of(p->dtype)) > kXBytes) return false;
       return true;
     };
-    p->max_rows = grove_fd::kMaxRows;
+    p->max_rows = grove_fd::kGemvMaxRows;
     while (p->max_rows > 0 && !fits(p->max_rows)) p->max_rows--;
     if (p->max_rows < 1) return fail("a reduction is too long for the step");
+    // Dense weights: batches from GROVE_FD_MMA_ROWS rows (2; 0: never), and
+    // every batch past what gemv fits, on tensor cores, up to kMaxRows.
+    bool dense = true;
+    for (const auto& [w, k] : products) dense = dense && w->bits == 0;
+    const char* mma_env = std::getenv("GROVE_FD_MMA_ROWS");
+    const int mma_rows = mma_env == nullptr ? 2 : std::atoi(mma_env);
+    if (dense && mma_rows > 0 && d.hidden % 32 == 0 && d.intermediate % 32 == 0 && q_rows % 32 == 0) {
+      p->tc_rows = std::min(mma_rows, p->max_rows + 1);
+      p->max_rows = grove_fd::kMaxRows;
+    }
     p->alloc();
     const char* prof = std::getenv("GROVE_FD_PROFILE");
     p->prof.on = prof != nullptr && std::strcmp(prof, "1") == 0;
+    p->prof.counts = prof != nullptr && (std::strcmp(prof, "2") == 0 || std::strcmp(prof, "3") == 0);
+    p->prof.sync = prof != nullptr && std::strcmp(prof, "3") == 0;
     const char* pdl_env = std::getenv("GROVE_FD_PDL");
     pdl = pdl_supported() && (pdl_env == nullptr || std::strcmp(pdl_env, "0") != 0);
     const char* max_mb = std::getenv("GROVE_FD_PDL_MAX_MB");
     if (max_mb != nullptr) pdl_max_bytes = static_cast<size_t>(std::strtoull(max_mb, nullptr, 10)) << 20;
+    const char* tc_blocks = std::getenv("GROVE_FD_TC_BLOCKS");
+    if (tc_blocks != nullptr) grove_fd::tc_blocks = std::max(1, std::atoi(tc_blocks));
+    const char* tc_splits = std::getenv("GROVE_FD_TC_SPLITS");
+    if (tc_splits != nullptr) grove_fd::tc_splits = std::clamp(std::atoi(tc_splits), 1, grove_fd::kTcMaxSplits);
+    const char* splits = std::getenv("GROVE_FD_SPLITS");
+    if (splits != nullptr) grove_fd::max_splits = std::clamp(std::atoi(splits), 1, grove_fd::kSplits);
     const char* in_place = std::getenv("GROVE_FD_IN_PLACE");
     p->in_place = in_place == nullptr || std::strcmp(in_place, "0") != 0;
     *plan_out = new std::shared_ptr<Plan>(std::move(p));

@@ -19,7 +19,8 @@ constexpr int kWarps = 8;       // warps per block of every kernel but the produ
 // H200 against 8 (two runs): Llama-8B 4-bit 386.5 / 387.1 vs 375.9 / 379.4
 // tok/s, Llama-1B bf16 811.0 / 810.3 vs 809.5 / 805.2; 32: 340.7 / 735.6.
 constexpr int kGemvWarps = GROVE_GEMV_WARPS;
-constexpr int kMaxRows = 8;     // batch rows one launch covers
+constexpr int kMaxRows = 32;    // batch rows one step covers (dense weights)
+constexpr int kGemvMaxRows = 8; // rows gemv covers (quantized weights' limit)
 constexpr int kMaxLayers = 160; // layers one plan covers
 #ifndef GROVE_ATTN_SPLITS
 #define GROVE_ATTN_SPLITS 8

@@ -27,6 +27,8 @@ struct GemvArgs {
   void* const* out_ref;  // else: where the step's params hold `out`
   int64_t out_stride;
   int rows;              // B of this launch (<= the template's B)
+  float* part;           // gemm_tc split over K: [blocks, splits, tile values]
+  int* arrived;          // and per block column, the splits done (zero between)
 };
 
 template <class T>

@@ -8,6 +8,9 @@
 //   4. gemv<NORM, GLU>     RMS norm fused into gate/up and SiLU(gate) * up
 //   5. gemv<RESIDUAL>      down projection added into h
 //
+// Batches of dense weights (decode_mma.cuh) run the products on tensor cores
+// instead (gemm_tc), each norm first in its own kernel (norm_rows).
+//
 // Every value MLX's step rounds to the model's dtype (each op's output) is
 // rounded here at the same place; sums run in float32 as in MLX's kernels,
 // in another order. The products take dense weights in T or MLX's affine 4-
@@ -123,7 +126,7 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
   constexpr int LPK = D / 16;        // lanes per key
   constexpr int G = 32 / LPK;        // keys per warp at a time
   constexpr int GROUPS = kWarps * G;
-  const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
+  const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z, splits = gridDim.z;  // splits <= kSplits
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int group = a.heads / a.kv_heads, kvh = h / group;
   const StepParams& sp = *a.sp;
@@ -131,7 +134,7 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
   const int first = max(left, 0);
   const int pos = idx - left;
   // This block's keys: [lo, hi) of [first, idx].
-  const int n = idx + 1 - first, chunk = (n + kSplits - 1) / kSplits;
+  const int n = idx + 1 - first, chunk = (n + splits - 1) / splits;
   const int lo = first + split * chunk, hi = min(lo + chunk, idx + 1);
   __shared__ float q[D], kn[D], vn[D];
   __shared__ float gm[GROUPS], gl[GROUPS];
@@ -269,29 +272,30 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
   __threadfence();
   __syncthreads();
   int* arrived = a.arrived + b * a.heads + h;
-  if (threadIdx.x == 0) last = atomicAdd(arrived, 1) == kSplits - 1;
+  if (threadIdx.x == 0) last = atomicAdd(arrived, 1) == splits - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
   const float* all = a.part + (static_cast<int64_t>(b) * a.heads + h) * kSplits * (D + 2);
   T* out = static_cast<T*>(a.out) + b * a.out_stride + h * D;
   __shared__ float fin[kSplits][D + 2];
-  for (int i = threadIdx.x; i < kSplits * (D + 2); i += blockDim.x) (&fin[0][0])[i] = __ldcg(all + i);
+  for (int i = threadIdx.x; i < splits * (D + 2); i += blockDim.x) (&fin[0][0])[i] = __ldcg(all + i);
   __syncthreads();
   float MM = -INFINITY;
 #pragma unroll
   for (int s2 = 0; s2 < kSplits; s2++)
-    if (fin[s2][D + 1] > 0.f) MM = fmaxf(MM, fin[s2][D]);
+    if (s2 < splits && fin[s2][D + 1] > 0.f) MM = fmaxf(MM, fin[s2][D]);
   float L = 0.f, f[kSplits];
 #pragma unroll
   for (int s2 = 0; s2 < kSplits; s2++) {
-    f[s2] = fin[s2][D + 1] > 0.f ? exp2f(fin[s2][D] - MM) : 0.f;
-    L += fin[s2][D + 1] * f[s2];
+    f[s2] = s2 < splits && fin[s2][D + 1] > 0.f ? exp2f(fin[s2][D] - MM) : 0.f;
+    if (s2 < splits) L += fin[s2][D + 1] * f[s2];
   }
   for (int j = threadIdx.x; j < D; j += blockDim.x) {
     float acc = 0.f;
 #pragma unroll
-    for (int s2 = 0; s2 < kSplits; s2++) acc += fin[s2][j] * f[s2];
+    for (int s2 = 0; s2 < kSplits; s2++)
+      if (s2 < splits) acc += fin[s2][j] * f[s2];
     out[j] = Num<T>::from(acc / L);
   }
   if (threadIdx.x == 0) *arrived = 0;

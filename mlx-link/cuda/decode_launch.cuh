@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "decode_kernels.cuh"
+#include "decode_mma.cuh"
 
 namespace grove_fd {
 
@@ -139,20 +140,88 @@ void launch_bits(int bits, const GemvArgs& a, cudaStream_t s) {
   }
 }
 
+// Scratch of the tensor-core products: x normalized, split sums, counters.
+struct TcScratch {
+  void* x;
+  float* part;
+  size_t part_floats;
+  int* arrived;
+};
+
+// Blocks of NT tiles of 8 columns for every row: as wide as still gives
+// half the SMs a block (each block reads all of x, over its share of K:
+// wider blocks read x fewer times), then the reduction split over up to
+// tc_splits blocks (GROVE_FD_TC_SPLITS, 4) until tc_blocks blocks per SM
+// (GROVE_FD_TC_BLOCKS, 1) run (the last of a column's blocks adds the
+// splits up, in order). H200, Llama-8B bf16, 8 / 32 streams, one run:
+// 1 block per SM 1199.7 / 3271.0 tok/s (again: 3288.5 at 32), 2: 1174.9 /
+// 3089.4 (3087.9), 3: 1204.9 / 3185.3; no split 1127.5 / 3140.7.
+constexpr int kTcMaxSplits = 4;
+inline int tc_blocks = 1, tc_splits = kTcMaxSplits;
+
+template <class T, int MT, int NT, int MODE>
+void launch_tc(GemvArgs a, cudaStream_t s, const TcScratch& x) {
+  constexpr int cols = MODE == kGlu ? 8 * NT / 2 : 8 * NT;
+  const int blocks = (a.n + cols - 1) / cols, want = tc_blocks * sm_count();
+  int splits = std::clamp((want + blocks - 1) / blocks, 1, tc_splits);
+  while (splits > 1 && (a.k / 32 / splits < 2 * kMmaWarps ||
+                        static_cast<size_t>(blocks) * splits * MT * NT * 128 > x.part_floats))
+    splits--;
+  a.part = x.part;
+  a.arrived = x.arrived;
+  const size_t bytes = static_cast<size_t>(a.n) * a.k * sizeof(T) * (MODE == kGlu ? 2 : 1);
+  launch(pdl && bytes <= pdl_max_bytes, gemm_tc<T, MT, NT, MODE>, dim3(blocks, splits), dim3(kMmaWarps * 32), 0,
+         s, a);
+}
+
+template <class T, int MT, int MODE>
+void launch_tc_cols(const GemvArgs& a, cudaStream_t s, const TcScratch& x) {
+  const int half = MODE == kGlu ? 2 : 1, enough = sm_count() / 2;
+  if (a.n * half / 32 >= enough) return launch_tc<T, MT, 4, MODE>(a, s, x);
+  if (MODE == kGlu || a.n / 16 >= enough) return launch_tc<T, MT, 2, MODE>(a, s, x);
+  if constexpr (MODE != kGlu) launch_tc<T, MT, 1, MODE>(a, s, x);
+}
+
+template <class T, int MODE>
+void launch_tc_rows(const GemvArgs& a, cudaStream_t s, const TcScratch& x) {
+  if (a.rows <= 16) return launch_tc_cols<T, 1, MODE>(a, s, x);
+  launch_tc_cols<T, 2, MODE>(a, s, x);
+}
+
 // The products a step takes: q/k/v and the head (norm, store), o and down
-// (residual), gate/up (norm, SiLU).
+// (residual), gate/up (norm, SiLU); on tensor cores (gemm_tc) where `tc`
+// (dense weights only; x normalized into `xn.x` first, [rows, k]).
 template <class T>
-void gemv_rows(int rows, int mode, bool norm, int bits, GemvArgs a, cudaStream_t s) {
+void gemv_rows(int rows, int mode, bool norm, int bits, bool tc, const TcScratch& xn, GemvArgs a, cudaStream_t s) {
   a.rows = rows;
+  if (tc) {
+    if (bits != 0) throw std::runtime_error("[grove decode] tensor-core products take dense weights");
+    if (norm) {
+      launch(pdl, norm_rows<T>, dim3(rows), dim3(kWarps * 32), 0, s, a.x, a.x_stride, a.norm, a.eps, a.k, xn.x);
+      a.x = xn.x;
+      a.x_stride = a.k;
+      a.norm = nullptr;
+    }
+    if (mode == kStore) return launch_tc_rows<T, kStore>(a, s, xn);
+    if (mode == kResidual && !norm) return launch_tc_rows<T, kResidual>(a, s, xn);
+    if (mode == kGlu) return launch_tc_rows<T, kGlu>(a, s, xn);
+    throw std::runtime_error("[grove decode] no such product");
+  }
   if (mode == kStore && norm) return launch_bits<T, kStore, true>(bits, a, s);
   if (mode == kResidual && !norm) return launch_bits<T, kResidual, false>(bits, a, s);
   if (mode == kGlu && norm) return launch_bits<T, kGlu, true>(bits, a, s);
   throw std::runtime_error("[grove decode] no such product");
 }
 
+// Key ranges per (row, head): kSplits where heads and rows alone leave SMs
+// idle (one row), fewer as rows fill the GPU (about 8 blocks per SM in
+// all; GROVE_FD_SPLITS caps it).
+inline int max_splits = kSplits;
+
 template <class T>
 void launch_attend(const AttnArgs& a, int rows, int head_dim, cudaStream_t s) {
-  dim3 grid(a.heads, rows, kSplits), block(kWarps * 32);
+  const int splits = std::clamp(8 * sm_count() / (a.heads * rows), 1, max_splits);
+  dim3 grid(a.heads, rows, splits), block(kWarps * 32);
   if (head_dim == 64)
     launch(pdl, attend<T, 64>, grid, block, 0, s, a);
   else

@@ -14,6 +14,8 @@ namespace grove_fd {
 struct Profile {
   enum Kind { kEmbed, kQkv, kAttend, kO, kGlu, kDown, kHead, kCopy, kKinds };
   bool on = false;
+  bool counts = false;  // GROVE_FD_PROFILE=2: steps, copies and host time only (graphs kept)
+  bool sync = false;    // GROVE_FD_PROFILE=3: the same, each step waited for
   std::vector<cudaEvent_t> ev;
   std::vector<int> kind;
   size_t n = 0;
@@ -32,12 +34,19 @@ struct Profile {
     cudaEventRecord(ev[n++], s);
   }
   void begin(cudaStream_t s) {
+    if (counts) t0 = std::chrono::steady_clock::now();
     if (!on) return;
     n = 0;
     t0 = std::chrono::steady_clock::now();
     mark(s, -1);
   }
   void end() {
+    if (counts) {
+      host_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      if (++steps % 256 == 0)
+        fprintf(stderr, "grove decode counts: %ld steps; cache copies %ld; host per step %.1f us\n", steps, copies,
+                host_us / steps);
+    }
     if (!on) return;
     host_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     cudaEventSynchronize(ev[n - 1]);

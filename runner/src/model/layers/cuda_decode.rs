@@ -14,10 +14,12 @@
 //! build makes with nvcc (`GROVE_BACKEND=cuda make build`) next to the binaries
 //! and the `grove-llm-cuda` wheel puts in `site-packages/grove_llm_cuda/`; the
 //! runner opens it when MLX's device is a CUDA GPU (`GROVE_CUDA_DECODE_LIB`
-//! names another path). Without it, with `GROVE_FAST_DECODE=0`, for a model
-//! or a batch it does not cover (more rows than fit its products' shared
-//! memory: 3 on Llama-1B, 1 on Llama-8B; other quantization modes, quantized
-//! or windowed caches, a model split over ranks), the step is MLX's, as
+//! names another path). Batches of dense models take up to [`MAX_ROWS`] rows
+//! (their products on tensor cores); quantized ones as many as fit its
+//! products' shared memory (3 on Llama-1B 4-bit, 1 on Llama-8B 4-bit).
+//! Without it, with `GROVE_FAST_DECODE=0`, for a model or a batch it does not
+//! cover (more rows than that; other quantization modes, quantized or
+//! windowed caches, a model split over ranks), the step is MLX's, as
 //! everywhere else.
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::sync::OnceLock;
@@ -110,8 +112,9 @@ struct MatIn {
     group_size: i32,
 }
 
-/// Rows one step covers (decode.cu's `kMaxRows`).
-pub const MAX_ROWS: usize = 8;
+/// Rows one step covers at most (decode.cu's `kMaxRows`: dense weights;
+/// quantized ones take up to `kGemvMaxRows`, 8, as their products fit).
+pub const MAX_ROWS: usize = 32;
 
 type NewFn = unsafe extern "C" fn(
     *const FastDims,
