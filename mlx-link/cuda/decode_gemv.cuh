@@ -31,6 +31,19 @@ struct GemvArgs {
   int* arrived;          // and per block column, the splits done (zero between)
 };
 
+// Which matrix of a stacked kStore / kResidual product holds output column
+// c (rows < seg[0] in w[0], < seg[1] in w[1], else w[2]); c becomes its row
+// there.
+__device__ __forceinline__ int stacked(const GemvArgs& a, int& c) {
+  if (c < a.seg[0]) return 0;
+  if (c < a.seg[1]) {
+    c -= a.seg[0];
+    return 1;
+  }
+  c -= a.seg[1];
+  return 2;
+}
+
 template <class T>
 __device__ __forceinline__ uint4 pack8(const float v[8]) {
   uint4 out;
@@ -142,14 +155,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
       int m;
       if constexpr (MODE == kGlu) {
         m = r / R;
-      } else if (c < a.seg[0]) {
-        m = 0;
-      } else if (c < a.seg[1]) {
-        m = 1;
-        c -= a.seg[0];
       } else {
-        m = 2;
-        c -= a.seg[1];
+        m = stacked(a, c);
       }
       wr[r] = static_cast<const char*>(a.w[m]) + c * row_bytes;
       if constexpr (Q != 0) {

@@ -19,10 +19,7 @@ random.seed(1)
 print(json.dumps([[random.randrange(5, 1000) for _ in range(random.randrange(20, 90))] for _ in range($most)]))
 " > "$OUT/prompts.json"
 for m in $MODELS; do
-  shape=${m%%:*}
-  q=(); [ "$m" = "$shape" ] || q=(--${m#*:})
-  dir="$G/${m/:/-}"
-  [ -d "$dir" ] || python3 tests/bench/make_big_model.py "$dir" "$shape" --tokenizer-from .device/tok "${q[@]}" >/dev/null
+  dir=$(model_dir "$m" 2>/dev/null)
   for fast in 1 0; do
     GROVE_FAST_DECODE=$fast "$G/bin/grove-batch-bench" "$dir" "$OUT/prompts.json" "$N" "$COUNTS" \
       --num-parallel="$most" > "$OUT/$m.batch.$fast.json" 2> "$OUT/$m.batch.$fast.err" ||

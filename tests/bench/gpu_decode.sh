@@ -29,11 +29,8 @@ bw=${BANDWIDTH_GBS:-$bw}
 ids=$(python3 -c "import random; random.seed(0); print(','.join(str(random.randrange(5, 1000)) for _ in range($P)))")
 specs=()
 for m in $MODELS; do
-  shape=${m%%:*}
   name=${m/:/-}
-  dir="$G/$name"
-  q=(); [ "$m" = "$shape" ] || q=(--q4)
-  [ -d "$dir" ] || python3 tests/bench/make_big_model.py "$dir" "$shape" --tokenizer-from .device/tok "${q[@]}"
+  dir=$(model_dir "$m")
   echo "== $name: mlx-lm"
   python3 tests/bench/mlx_lm_bench.py --model "$dir" -p "$P" -g "$N" -n "${TRIALS:-3}" > "$OUT/$name.mlx.txt" 2>&1
   specs+=("$name=$dir")

@@ -13,10 +13,7 @@ MODELS=${CHECK_MODELS:-llama-small llama-small:q4 llama-small:q8 mistral-small m
 N=${MAX_TOKENS:-64}
 ids=$(python3 -c "import random; random.seed(0); print(','.join(str(random.randrange(5, 1000)) for _ in range(100)))")
 for m in $MODELS; do
-  shape=${m%%:*}
-  q=(); [ "$m" = "$shape" ] || q=(--${m#*:})
-  dir="$G/${m/:/-}"
-  [ -d "$dir" ] || python3 tests/bench/make_big_model.py "$dir" "$shape" --tokenizer-from .device/tok "${q[@]}" >/dev/null
+  dir=$(model_dir "$m" 2>/dev/null)
   for fast in 1 0; do
     GROVE_FAST_DECODE=$fast "$G/bin/grove-runner" generate --model "$dir" --prompt-tokens "$ids" \
       --max-tokens "$N" --json --dump-step-logits "$OUT/$m.$fast.logits" > "$OUT/$m.$fast.json" 2> "$OUT/$m.$fast.err"

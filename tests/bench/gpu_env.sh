@@ -16,3 +16,13 @@ export LD_LIBRARY_PATH=$G/bin:$LD_LIBRARY_PATH
 export PYTHONPATH=$G/site
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
+
+# The directory of the random-weight model SPEC (SHAPE, or SHAPE:q4 /
+# SHAPE:q8 for MLX's affine quantization) under $G, made with
+# make_big_model.py (its output on stderr) the first time it is asked for.
+model_dir() {
+  local shape=${1%%:*} q=() dir="$G/${1/:/-}"
+  [ "$1" = "$shape" ] || q=("--${1#*:}")
+  [ -d "$dir" ] || python3 tests/bench/make_big_model.py "$dir" "$shape" --tokenizer-from .device/tok "${q[@]}" >&2
+  echo "$dir"
+}
