@@ -42,6 +42,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "decode_in_place.h"
 #include "decode_kernels.cuh"
 #include "decode_launch.cuh"
 #include "decode_profile.h"
@@ -127,44 +128,7 @@ struct Plan {
   int max_rows = 1;      // rows a step takes: gemv's (whose x fits kXBytes
                          // in every product), or kMaxRows with tc_rows
   int tc_rows = grove_fd::kMaxRows + 1;  // batches from this many rows use gemm_tc
-  // Each cache output's Data -> the allocation it stands on (its own for a
-  // copy) and the step that made it (see eval_gpu).
-  struct Made {
-    std::weak_ptr<array::Data> root;
-    uint64_t step;
-  };
-  mutable std::unordered_map<const void*, Made> made;
-  // An event recorded after each of the last kRing steps (step % kRing).
-  static constexpr uint64_t kRing = 8;
-  mutable cudaEvent_t done[kRing] = {};
-  mutable uint64_t steps = 0;  // steps dispatched
-
-  // Whether the step that made `in` (one of this plan's outputs) is still
-  // running on the GPU. MLX then still holds its outputs (as the step's
-  // temporaries), one reference each: all but the output MLX evaluated the
-  // step for, which is the logits (the engine evaluates the sampled token).
-  bool made_in_flight(const array& in) const {
-    auto it = made.find(in.data_shared_ptr().get());
-    if (it == made.end() || steps - it->second.step >= kRing) return false;
-    return cudaEventQuery(done[it->second.step % kRing]) == cudaErrorNotReady;
-  }
-
-  // The Data that owns `in`'s memory: its own, or the allocation an earlier
-  // step's in-place output stood on (checked to be the same buffer).
-  std::shared_ptr<array::Data> root_of(const array& in) const {
-    auto it = made.find(in.data_shared_ptr().get());
-    if (it != made.end()) {
-      std::shared_ptr<array::Data> r = it->second.root.lock();
-      made.erase(it);
-      if (r && r->buffer.ptr() == in.buffer().ptr()) return r;
-    }
-    return in.data_shared_ptr();
-  }
-  void record(const array& out, std::shared_ptr<array::Data> root) const {
-    if (made.size() > 4096)
-      for (auto i = made.begin(); i != made.end();) i = i->second.root.expired() ? made.erase(i) : std::next(i);
-    made[out.data_shared_ptr().get()] = Made{root, steps};
-  }
+  mutable grove_fd::KvInPlace kv;  // which cache buffers are written in place
 
   Plan() : final_norm(0.f), freqs(0.f) {}
   ~Plan() {
@@ -173,8 +137,6 @@ struct Plan {
       if (p) cudaFree(p);
     for (cudaGraphExec_t g : graphs)
       if (g) cudaGraphExecDestroy(g);
-    for (cudaEvent_t e : done)
-      if (e) cudaEventDestroy(e);
     if (capture) cudaStreamDestroy(capture);
   }
   int qkv_width() const { return (d.heads + 2 * d.kv_heads) * d.head_dim; }
@@ -201,7 +163,7 @@ struct Plan {
     check(cudaMalloc(&arrived, r * d.heads * sizeof(int)), "scratch");
     check(cudaMemset(arrived, 0, r * d.heads * sizeof(int)), "scratch");
     check(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking), "capture stream");
-    for (cudaEvent_t& e : done) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event");
+    kv.init();
   }
 };
 
@@ -348,27 +310,21 @@ class DecodeStep : public Primitive {
     for (size_t i = 1; i < inputs.size(); i++) {
       const array& in = inputs[i];
       array& out = outputs[i];
-      // Written in place when no other array holds this memory; else a copy
-      // first, as MLX's own slice update does. In place, the output gets
-      // its own Data over the same buffer, keeping the allocation alive:
-      // sharing the input's Data would make the previous step's in-flight
-      // inputs (which MLX holds until that step completes) count as other
-      // holders, and every step would copy. The previous step's outputs are
-      // held by MLX too until it completes (as its temporaries): one more
-      // holder is MLX's while the step that made `in` still runs (the count
-      // read first: the step still running after it, MLX's reference was
-      // there when it was read, and any other holder would make it 3).
-      const long holders = in.data_shared_ptr().use_count();
-      const bool alone = holders == 1 || (holders == 2 && p.made_in_flight(in));
-      if (p.in_place && alone && in.flags().row_contiguous && in.offset() == 0) {
-        std::shared_ptr<array::Data> root = p.root_of(in);
+      // Written in place when no other array holds this memory
+      // (decode_in_place.h); else a copy first, as MLX's own slice update
+      // does. In place, the output gets its own Data over the same buffer,
+      // keeping the allocation alive: sharing the input's Data would make
+      // the previous step's in-flight inputs (which MLX holds until that
+      // step completes) count as other holders, and every step would copy.
+      if (p.in_place && p.kv.alone(in) && in.flags().row_contiguous && in.offset() == 0) {
+        std::shared_ptr<array::Data> root = p.kv.root_of(in);
         out.set_data(in.buffer(), [root](allocator::Buffer) {});
-        p.record(out, std::move(root));
+        p.kv.record(out, std::move(root));
       } else {
         out.set_data(allocator::malloc(out.nbytes()));
         check(cudaMemcpyAsync(mut_ptr(out), ptr(in), out.nbytes(), cudaMemcpyDeviceToDevice, s),
               "cache copy");
-        p.record(out, out.data_shared_ptr());
+        p.kv.record(out, out.data_shared_ptr());
         p.prof.copies++;
       }
       (i % 2 ? kc : vc).push_back(mut_ptr(out));
@@ -414,8 +370,7 @@ class DecodeStep : public Primitive {
       check(cudaGraphLaunch(g, s), "graph launch");
       if (p.prof.sync) check(cudaStreamSynchronize(s), "sync");
     }
-    check(cudaEventRecord(p.done[p.steps % Plan::kRing], s), "event");
-    p.steps++;
+    p.kv.dispatched(s);
     p.prof.end();
   }
 
