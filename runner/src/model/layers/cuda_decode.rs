@@ -16,7 +16,7 @@
 //! runner opens it when MLX's device is a CUDA GPU (`GROVE_CUDA_DECODE_LIB`
 //! names another path). Batches of dense models take up to [`MAX_ROWS`] rows
 //! (their products on tensor cores); quantized ones as many as fit its
-//! products' shared memory (3 on Llama-1B 4-bit, 1 on Llama-8B 4-bit).
+//! products' shared memory (2 on Llama-1B 4-bit, 1 on Llama-8B 4-bit).
 //! Without it, with `GROVE_FAST_DECODE=0`, for a model or a batch it does not
 //! cover (more rows than that; other quantization modes, quantized or
 //! windowed caches, a model split over ranks), the step is MLX's, as
