@@ -503,12 +503,13 @@ int grove_fd_new(const Dims* dims, const grove_fd::MatIn* mats, int n_mats, void
     p->max_rows = grove_fd::kGemvMaxRows;
     while (p->max_rows > 0 && !fits(p->max_rows)) p->max_rows--;
     if (p->max_rows < 1) return fail("a reduction is too long for the step");
-    // Dense weights: batches from GROVE_FD_MMA_ROWS rows (2; 0: never), and
-    // every batch past what gemv fits, on tensor cores, up to kMaxRows.
+    // Dense weights: every batch past what gemv fits (the rows it fits keep
+    // gemv, as measured before gemm_tc; GROVE_FD_MMA_ROWS=N from N rows, 0:
+    // never) on tensor cores, up to kMaxRows.
     bool dense = true;
     for (const auto& [w, k] : products) dense = dense && w->bits == 0;
     const char* mma_env = std::getenv("GROVE_FD_MMA_ROWS");
-    const int mma_rows = mma_env == nullptr ? 2 : std::atoi(mma_env);
+    const int mma_rows = mma_env == nullptr ? p->max_rows + 1 : std::atoi(mma_env);
     if (dense && mma_rows > 0 && d.hidden % 32 == 0 && d.intermediate % 32 == 0 && q_rows % 32 == 0) {
       p->tc_rows = std::min(mma_rows, p->max_rows + 1);
       p->max_rows = grove_fd::kMaxRows;

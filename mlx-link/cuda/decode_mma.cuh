@@ -1,9 +1,9 @@
-// The dense products of Grove's CUDA decode step for batches (2 to kMaxRows
-// rows) on tensor cores: the same GemvArgs and modes as decode_gemv.cuh's
-// gemv, without staging x whole in shared memory (which bounds gemv's rows:
-// one row of Llama-8B's down product fills 28 of its 48 KiB). x comes
-// normalized where the product has a norm (norm_rows, once per product
-// instead of once per block).
+// The dense products of Grove's CUDA decode step for batches (past the rows
+// gemv fits, up to kMaxRows) on tensor cores: the same GemvArgs and modes as
+// decode_gemv.cuh's gemv, without staging x whole in shared memory (which
+// bounds gemv's rows: one row of Llama-8B's down product fills 28 of its 48
+// KiB). x comes normalized where the product has a norm (norm_rows, once per
+// product instead of once per block).
 //
 // Each block takes NT tiles of 8 output columns (kGlu: NT / 2 of gate and the
 // same columns of up) for every row, its kMmaWarps warps each a share of K,
