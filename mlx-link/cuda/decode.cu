@@ -107,15 +107,12 @@ struct Plan {
   array final_norm, freqs;
   std::vector<std::vector<Mat>> mats;    // kMats per layer
   std::vector<std::vector<array>> vecs;  // kVecs per layer (kLn2 + 1 without qk_norm)
-  // Scratch for kMaxRows rows, on the device; one stream runs every step.
+  // Scratch for max_rows rows, on the device; one stream runs every step.
   void* h = nullptr;
   void* qkv = nullptr;
   void* att = nullptr;
   void* act = nullptr;
-  void* xn = nullptr;  // x normalized for the tensor-core products
-  float* tc_part = nullptr;  // their split sums
-  int* tc_arrived = nullptr;  // their splits done per block column
-  grove_fd::TcScratch tcs{};
+  grove_fd::TcScratch tcs{};  // the tensor-core products' (where they run)
   grove_fd::StepParams* params = nullptr;  // the step's changing inputs
   float* part = nullptr;                   // attention's per-split results
   int* arrived = nullptr;                  // attention's split counters
@@ -132,7 +129,7 @@ struct Plan {
 
   Plan() : final_norm(0.f), freqs(0.f) {}
   ~Plan() {
-    for (void* p : {h, qkv, att, act, xn, static_cast<void*>(tc_part), static_cast<void*>(tc_arrived),
+    for (void* p : {h, qkv, att, act, tcs.x, static_cast<void*>(tcs.part), static_cast<void*>(tcs.arrived),
                     static_cast<void*>(params), static_cast<void*>(part), static_cast<void*>(arrived)})
       if (p) cudaFree(p);
     for (cudaGraphExec_t g : graphs)
@@ -141,22 +138,23 @@ struct Plan {
   }
   int qkv_width() const { return (d.heads + 2 * d.kv_heads) * d.head_dim; }
   void alloc() {
-    const size_t e = size_of(dtype), r = grove_fd::kMaxRows;
+    const size_t e = size_of(dtype), r = max_rows;
     check(cudaMalloc(&h, r * d.hidden * e), "scratch");
     check(cudaMalloc(&qkv, r * qkv_width() * e), "scratch");
     check(cudaMalloc(&att, r * d.heads * d.head_dim * e), "scratch");
     check(cudaMalloc(&act, r * d.intermediate * e), "scratch");
-    check(cudaMalloc(&xn, r * d.hidden * e), "scratch");
-    // Split sums ([blocks, splits, up to 1024 values]: a product splits
-    // only while it has fewer blocks than tc_blocks per SM; room for 4, and
-    // launch_tc splits less past it) and counters per block column (at most
-    // one per 8 columns).
-    const size_t part_floats = size_t{4} * grove_fd::sm_count() * grove_fd::kTcMaxSplits * 1024;
-    const size_t widest = std::max({d.vocab, d.intermediate, qkv_width(), d.hidden});
-    check(cudaMalloc(&tc_part, part_floats * sizeof(float)), "scratch");
-    check(cudaMalloc(&tc_arrived, (widest / 8 + 1) * sizeof(int)), "scratch");
-    check(cudaMemset(tc_arrived, 0, (widest / 8 + 1) * sizeof(int)), "scratch");
-    tcs = grove_fd::TcScratch{xn, tc_part, part_floats, tc_arrived};
+    if (tc_rows <= max_rows) {
+      // x normalized, split sums ([blocks, splits, up to 1024 values]: a
+      // product splits only while it has fewer blocks than tc_blocks per SM;
+      // room for 4, and launch_tc splits less past it) and counters per
+      // block column (at most one per 8 columns).
+      const size_t widest = std::max({d.vocab, d.intermediate, qkv_width(), d.hidden});
+      tcs.part_floats = size_t{4} * grove_fd::sm_count() * grove_fd::kTcMaxSplits * 1024;
+      check(cudaMalloc(&tcs.x, r * d.hidden * e), "scratch");
+      check(cudaMalloc(&tcs.part, tcs.part_floats * sizeof(float)), "scratch");
+      check(cudaMalloc(&tcs.arrived, (widest / 8 + 1) * sizeof(int)), "scratch");
+      check(cudaMemset(tcs.arrived, 0, (widest / 8 + 1) * sizeof(int)), "scratch");
+    }
     check(cudaMalloc(&params, sizeof(grove_fd::StepParams)), "scratch");
     const size_t parts = r * d.heads * grove_fd::kSplits * (d.head_dim + 2);
     check(cudaMalloc(&part, parts * sizeof(float)), "scratch");
@@ -307,6 +305,7 @@ class DecodeStep : public Primitive {
     p.prof.begin(s);
     outputs[0].set_data(allocator::malloc(outputs[0].nbytes()));
     std::vector<void*> kc, vc;
+    const std::vector<char> alone = p.kv.alone(inputs, 1);
     for (size_t i = 1; i < inputs.size(); i++) {
       const array& in = inputs[i];
       array& out = outputs[i];
@@ -316,7 +315,7 @@ class DecodeStep : public Primitive {
       // keeping the allocation alive: sharing the input's Data would make
       // the previous step's in-flight inputs (which MLX holds until that
       // step completes) count as other holders, and every step would copy.
-      if (p.in_place && p.kv.alone(in) && in.flags().row_contiguous && in.offset() == 0) {
+      if (p.in_place && alone[i] && in.flags().row_contiguous && in.offset() == 0) {
         std::shared_ptr<array::Data> root = p.kv.root_of(in);
         out.set_data(in.buffer(), [root](allocator::Buffer) {});
         p.kv.record(out, std::move(root));

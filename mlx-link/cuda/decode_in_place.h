@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include "decode_launch.cuh"
 #include "mlx/array.h"
@@ -33,15 +34,30 @@ class KvInPlace {
     for (cudaEvent_t& e : done_) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event");
   }
 
-  // Whether no array but the caller's holds `in`'s memory. One more holder
-  // is MLX's while the step that made `in` still runs: MLX holds a step's
-  // outputs, one reference each, but for the output it evaluated the step
-  // for, which is the logits (the engine evaluates the sampled token). The
-  // count is read first: the step still running after it, MLX's reference
-  // was there when it was read, and any other holder would make it 3.
-  bool alone(const mlx::core::array& in) const {
-    const long holders = in.data_shared_ptr().use_count();
-    return holders == 1 || (holders == 2 && made_in_flight(in));
+  // For each of ins[first..]: whether no array but the caller's holds its
+  // memory. One more holder is MLX's while the step that made it still
+  // runs: MLX holds a step's outputs, one reference each, but for the output
+  // it evaluated the step for, which is the logits (the engine evaluates the
+  // sampled token). Every count is read before any event is queried: a step
+  // still running at the query ran when its outputs were counted, so MLX's
+  // reference was among them and any other holder would make 3. Each step's
+  // event is queried once (a step's inputs mostly come from one step).
+  std::vector<char> alone(const std::vector<mlx::core::array>& ins, size_t first) const {
+    std::vector<long> holders(ins.size(), 0);
+    for (size_t i = first; i < ins.size(); i++) holders[i] = ins[i].data_shared_ptr().use_count();
+    std::vector<char> out(ins.size(), 0);
+    int running[kRing];  // per ring slot: -1 not asked yet, else the answer
+    for (int& r : running) r = -1;
+    for (size_t i = first; i < ins.size(); i++) {
+      out[i] = holders[i] == 1;
+      if (holders[i] != 2) continue;
+      auto it = made_.find(ins[i].data_shared_ptr().get());
+      if (it == made_.end() || steps_ - it->second.step >= kRing) continue;
+      int& r = running[it->second.step % kRing];
+      if (r < 0) r = cudaEventQuery(done_[it->second.step % kRing]) == cudaErrorNotReady;
+      out[i] = static_cast<char>(r);
+    }
+    return out;
   }
 
   // The Data that owns `in`'s memory: its own, or the allocation an earlier
@@ -75,13 +91,6 @@ class KvInPlace {
     uint64_t step;
   };
   static constexpr uint64_t kRing = 8;  // the last steps' events (step % kRing)
-
-  // Whether the step that made `in` (one of this plan's outputs) still runs.
-  bool made_in_flight(const mlx::core::array& in) const {
-    auto it = made_.find(in.data_shared_ptr().get());
-    if (it == made_.end() || steps_ - it->second.step >= kRing) return false;
-    return cudaEventQuery(done_[it->second.step % kRing]) == cudaErrorNotReady;
-  }
 
   std::unordered_map<const void*, Made> made_;  // cache outputs' Data -> root, step
   cudaEvent_t done_[kRing] = {};

@@ -142,10 +142,10 @@ void launch_bits(int bits, const GemvArgs& a, cudaStream_t s) {
 
 // Scratch of the tensor-core products: x normalized, split sums, counters.
 struct TcScratch {
-  void* x;
-  float* part;
-  size_t part_floats;
-  int* arrived;
+  void* x = nullptr;
+  float* part = nullptr;
+  size_t part_floats = 0;
+  int* arrived = nullptr;
 };
 
 // Blocks of NT tiles of 8 columns for every row: as wide as still gives
