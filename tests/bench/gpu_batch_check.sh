@@ -21,7 +21,7 @@ print(json.dumps([[random.randrange(5, 1000) for _ in range(random.randrange(20,
 for m in $MODELS; do
   dir=$(model_dir "$m" 2>/dev/null)
   for fast in 1 0; do
-    GROVE_FAST_DECODE=$fast "$G/bin/grove-batch-bench" "$dir" "$OUT/prompts.json" "$N" "$COUNTS" \
+    GROVE_FAST_DECODE=$fast timeout "${BATCH_TIMEOUT:-600}" "$G/bin/grove-batch-bench" "$dir" "$OUT/prompts.json" "$N" "$COUNTS" \
       --num-parallel="$most" > "$OUT/$m.batch.$fast.json" 2> "$OUT/$m.batch.$fast.err" ||
       { tail -20 "$OUT/$m.batch.$fast.err"; exit 1; }
   done
