@@ -526,6 +526,8 @@ int grove_fd_new(const Dims* dims, const grove_fd::MatIn* mats, int n_mats, void
     if (tc_blocks != nullptr) grove_fd::tc_blocks = std::max(1, std::atoi(tc_blocks));
     const char* tc_splits = std::getenv("GROVE_FD_TC_SPLITS");
     if (tc_splits != nullptr) grove_fd::tc_splits = std::clamp(std::atoi(tc_splits), 1, grove_fd::kTcMaxSplits);
+    const char* pipe = std::getenv("GROVE_FD_PIPE");
+    if (pipe != nullptr) grove_fd::pipe = std::clamp(std::atoi(pipe), 0, 2);
     const char* splits = std::getenv("GROVE_FD_SPLITS");
     if (splits != nullptr) grove_fd::max_splits = std::clamp(std::atoi(splits), 1, grove_fd::kSplits);
     const char* in_place = std::getenv("GROVE_FD_IN_PLACE");

@@ -8,8 +8,9 @@
 //   4. gemv<NORM, GLU>     RMS norm fused into gate/up and SiLU(gate) * up
 //   5. gemv<RESIDUAL>      down projection added into h
 //
-// Batches of dense weights (decode_mma.cuh) run the products on tensor cores
-// instead (gemm_tc), each norm first in its own kernel (norm_rows).
+// Batches of dense weights run the products on tensor cores instead
+// (decode_pipe.cuh's gemm_pipe, pipelined through shared memory, or
+// decode_mma.cuh's gemm_tc), each norm first in its own kernel (norm_rows).
 //
 // Every value MLX's step rounds to the model's dtype (each op's output) is
 // rounded here at the same place; sums run in float32 as in MLX's kernels,

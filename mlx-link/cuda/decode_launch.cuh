@@ -14,6 +14,7 @@
 
 #include "decode_kernels.cuh"
 #include "decode_mma.cuh"
+#include "decode_pipe.cuh"
 
 namespace grove_fd {
 
@@ -182,8 +183,42 @@ void launch_tc_cols(const GemvArgs& a, cudaStream_t s, const TcScratch& x) {
   if constexpr (MODE != kGlu) launch_tc<T, MT, 1, MODE>(a, s, x);
 }
 
+// The pipelined products (decode_pipe.cuh): one block per 64 W rows (32
+// columns of gate/up), K split over as many blocks as make one wave of the
+// blocks the GPU holds at once (each split at least kPipeStages - 1 stages
+// long, all splits' sums in the scratch). GROVE_FD_PIPE: 0 never (gemm_tc
+// for all), 1 (the default) where K needs no split or the rows fit one
+// m-tile (16), 2 always. Llama-8B bf16, GPU time a step (GROVE_FD_PROFILE=1),
+// pipelined / gemm_tc: H200, 32 rows: gate/up 2334 / 3292 us, head 350 /
+// 464 (no split); H100, 32 rows, split: q/k/v 1290 / 959, o 1007 / 845, down
+// 1960 / 1827; H200, 8 rows, split (GROVE_FD_PIPE=2 / 1): q/k/v 773 / 782,
+// o 573 / 589, down 1195 / 1316.
+inline int pipe = 1;
+
+// Launches the pipelined product unless `pipe` leaves this one to gemm_tc.
+template <class T, int MT, int MODE>
+bool launch_pipe(GemvArgs a, cudaStream_t s, const TcScratch& x) {
+  constexpr int cols = MODE == kGlu ? kPipeCols / 2 : kPipeCols;
+  auto kernel = gemm_pipe<T, MT, MODE>;
+  const size_t smem = pipe_smem(MT);
+  allow_smem(kernel, smem);
+  const int tiles = (a.n + cols - 1) / cols;
+  const int want = grid_for(kernel, smem, 1 << 30, kPipeWarps * 32);
+  int splits = std::clamp(want / tiles, 1, std::max(1, a.k / kPipeK / (kPipeStages - 1)));
+  while (splits > 1 && static_cast<size_t>(tiles) * splits * kPipeWarps * 32 * MT * 8 > x.part_floats) splits--;
+  if (pipe == 1 && splits > 1 && MT > 1) return false;
+  a.part = x.part;
+  a.arrived = x.arrived;
+  const size_t bytes = static_cast<size_t>(a.n) * a.k * sizeof(T) * (MODE == kGlu ? 2 : 1);
+  launch(pdl && bytes <= pdl_max_bytes, kernel, dim3(tiles, splits), dim3(kPipeWarps * 32), smem, s, a);
+  return true;
+}
+
 template <class T, int MODE>
 void launch_tc_rows(const GemvArgs& a, cudaStream_t s, const TcScratch& x) {
+  if (pipe > 0 && a.k % kPipeK == 0) {
+    if (a.rows <= 16 ? launch_pipe<T, 1, MODE>(a, s, x) : launch_pipe<T, 2, MODE>(a, s, x)) return;
+  }
   if (a.rows <= 16) return launch_tc_cols<T, 1, MODE>(a, s, x);
   launch_tc_cols<T, 2, MODE>(a, s, x);
 }

@@ -1,5 +1,6 @@
 // The dense products of Grove's CUDA decode step for batches (past the rows
-// gemv fits, up to kMaxRows) on tensor cores: the same GemvArgs and modes as
+// gemv fits, up to kMaxRows) on tensor cores, unpipelined (decode_pipe.cuh's
+// gemm_pipe takes those it is faster for): the same GemvArgs and modes as
 // decode_gemv.cuh's gemv, without staging x whole in shared memory (which
 // bounds gemv's rows: one row of Llama-8B's down product fills 28 of its 48
 // KiB). x comes normalized where the product has a norm (norm_rows, once per
