@@ -156,7 +156,7 @@ struct Plan {
       check(cudaMemset(tcs.arrived, 0, (widest / 8 + 1) * sizeof(int)), "scratch");
     }
     check(cudaMalloc(&params, sizeof(grove_fd::StepParams)), "scratch");
-    const size_t parts = r * d.heads * grove_fd::kSplits * (d.head_dim + 2);
+    const size_t parts = r * d.heads * std::max(grove_fd::kSplits, grove_fd::kGqaSplits) * (d.head_dim + 2);
     check(cudaMalloc(&part, parts * sizeof(float)), "scratch");
     check(cudaMalloc(&arrived, r * d.heads * sizeof(int)), "scratch");
     check(cudaMemset(arrived, 0, r * d.heads * sizeof(int)), "scratch");
@@ -528,6 +528,10 @@ int grove_fd_new(const Dims* dims, const grove_fd::MatIn* mats, int n_mats, void
     if (tc_splits != nullptr) grove_fd::tc_splits = std::clamp(std::atoi(tc_splits), 1, grove_fd::kTcMaxSplits);
     const char* pipe = std::getenv("GROVE_FD_PIPE");
     if (pipe != nullptr) grove_fd::pipe = std::clamp(std::atoi(pipe), 0, 2);
+    const char* gqa = std::getenv("GROVE_FD_GQA");
+    if (gqa != nullptr) grove_fd::gqa_rows = std::max(0, std::atoi(gqa));
+    const char* gqa_splits = std::getenv("GROVE_FD_GQA_SPLITS");
+    if (gqa_splits != nullptr) grove_fd::gqa_splits = std::clamp(std::atoi(gqa_splits), 1, grove_fd::kGqaSplits);
     const char* splits = std::getenv("GROVE_FD_SPLITS");
     if (splits != nullptr) grove_fd::max_splits = std::clamp(std::atoi(splits), 1, grove_fd::kSplits);
     const char* in_place = std::getenv("GROVE_FD_IN_PLACE");

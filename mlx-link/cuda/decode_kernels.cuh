@@ -10,7 +10,9 @@
 //
 // Batches of dense weights run the products on tensor cores instead
 // (decode_pipe.cuh's gemm_pipe, pipelined through shared memory, or
-// decode_mma.cuh's gemm_tc), each norm first in its own kernel (norm_rows).
+// decode_mma.cuh's gemm_tc), each norm first in its own kernel (norm_rows);
+// batches of grouped-query models share each key among a group's heads in
+// attention (decode_attend_gqa.cuh).
 //
 // Every value MLX's step rounds to the model's dtype (each op's output) is
 // rounded here at the same place; sums run in float32 as in MLX's kernels,
