@@ -32,6 +32,7 @@ nothing about speed.
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -118,12 +119,14 @@ def bench_mlx(model_dir: Path, prompts: list, counts: list, max_tokens: int) -> 
     return out
 
 
-def bench_grove(bench: Path, model_dir: Path, prompts: list, counts: list, max_tokens: int, extra: list) -> list:
+def bench_grove(
+    bench: Path, model_dir: Path, prompts: list, counts: list, max_tokens: int, extra: list, env: dict = None
+) -> list:
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
         json.dump(prompts, f)
         f.flush()
         cmd = [str(bench), str(model_dir), f.name, str(max_tokens), ",".join(map(str, counts)), *extra]
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
     if done.returncode != 0:
         raise RuntimeError(f"grove-batch-bench failed: {done.stderr.strip()[-2000:]}")
     out = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -201,6 +204,12 @@ def main() -> int:
         action="store_true",
         help="use the first random prompts as they are (big random models rarely emit EOS)",
     )
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME:VAR=VALUE[,VAR=VALUE]: Grove again with these variables, a row of its own",
+    )
     p.add_argument("--json-out", type=Path)
     args = p.parse_args()
     counts = [int(x) for x in args.streams.split(",")]
@@ -220,11 +229,21 @@ def main() -> int:
         try:
             mlx = bench_mlx(model_dir, prompts, counts, args.max_tokens)
             grove = bench_grove(args.bench, model_dir, prompts, counts, args.max_tokens, args.runner_arg)
+            variants = []
+            for spec in args.variant:
+                vname, _, assigns = spec.partition(":")
+                env = dict(a.split("=", 1) for a in assigns.split(",") if a)
+                log(f"  variant {vname}: {env}")
+                variants.append(
+                    (vname, bench_grove(args.bench, model_dir, prompts, counts, args.max_tokens, args.runner_arg, env))
+                )
         except Exception as e:  # Report, go on with the other models.
             log(f"{name}: {e}")
             failed = True
             continue
         rows += table(name, grove, mlx)
+        for vname, v in variants:
+            rows += table(f"{name} {vname}", v, mlx)
     print_rows(rows, args)
     if args.json_out:
         args.json_out.write_text(json.dumps(rows, indent=2))

@@ -13,4 +13,4 @@ M="$G/$SHAPE${Q4:+-q4}"
 [ -d "$M" ] || python3 tests/bench/make_big_model.py "$M" "$SHAPE" --tokenizer-from .device/tok ${Q4:+--q4}
 python3 tests/bench/batched.py --bench "$G/bin/grove-batch-bench" --model "$M" \
     --streams "${STREAMS:-1,8,32}" --prompt-len "${PROMPT_LEN:-128}" --max-tokens "${MAX_TOKENS:-128}" \
-    --no-pick --json-out "$OUT/batched.json"
+    --no-pick --json-out "$OUT/batched.json" ${VARIANTS:+$(for v in $VARIANTS; do printf -- '--variant %s ' "$v"; done)}
