@@ -121,35 +121,16 @@ __global__ void __launch_bounds__(kWarps * 32) attend_gqa(const AttnArgs a) {
 #pragma unroll
     for (int r = 0; r < KPW / G; r++) {
       const int kk = pw * KPW + r * G + sub, t = lo + i * kGqaKeys + kk;
-      const bool live = t < hi;
-      float kf[16], vf[16];
-      if (live && t < idx) {
+      uint4 kv[4] = {};
+      if (t < hi && t < idx) {
         const uint4* kp = reinterpret_cast<const uint4*>(ks + kk * D + part * 16);
         const uint4* vp = reinterpret_cast<const uint4*>(vs + kk * D + part * 16);
-        unpack8<T>(kp[0], kf);
-        unpack8<T>(kp[1], kf + 8);
-        unpack8<T>(vp[0], vf);
-        unpack8<T>(vp[1], vf + 8);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 16; e++) {
-          kf[e] = live ? kn[part * 16 + e] : 0.f;
-          vf[e] = live ? vn[part * 16 + e] : 0.f;
-        }
+        kv[0] = kp[0];
+        kv[1] = kp[1];
+        kv[2] = vp[0];
+        kv[3] = vp[1];
       }
-      float s = 0.f;
-#pragma unroll
-      for (int e = 0; e < 16; e++) s = fmaf(qv[e], kf[e], s);
-#pragma unroll
-      for (int off = LPK / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-      if (live) {
-        const float nm = fmaxf(m, s);
-        const float f = exp2f(m - nm), p = exp2f(s - nm);
-        l = l * f + p;
-#pragma unroll
-        for (int e = 0; e < 16; e++) o[e] = fmaf(o[e], f, p * vf[e]);
-        m = nm;
-      }
+      score_key<T, LPK>(kv, t < idx, t < hi, kn + part * 16, vn + part * 16, qv, m, l, o);
     }
   }
   cp_wait<0>();

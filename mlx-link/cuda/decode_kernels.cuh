@@ -117,6 +117,42 @@ __device__ void prepare_head(const T* src, const HeadPrep<T, D>& hp, float eps, 
   }
 }
 
+// One key into a lane group's online softmax (scores in base 2, q in qv
+// scaled by scale * log2(e)): the lane's 16 values of the key and the value
+// (k0 k1 v0 v1 in kv) where the key is in the cache, the new token's (kn,
+// vn: this lane's part) where it is not, nothing past the range (!live).
+template <class T, int LPK>
+__device__ __forceinline__ void score_key(const uint4 (&kv)[4], bool cached, bool live, const float* kn,
+                                          const float* vn, const float (&qv)[16], float& m, float& l,
+                                          float (&o)[16]) {
+  float kf[16], vf[16];
+  if (live && cached) {
+    unpack8<T>(kv[0], kf);
+    unpack8<T>(kv[1], kf + 8);
+    unpack8<T>(kv[2], vf);
+    unpack8<T>(kv[3], vf + 8);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+      kf[i] = live ? kn[i] : 0.f;
+      vf[i] = live ? vn[i] : 0.f;
+    }
+  }
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; i++) s = fmaf(qv[i], kf[i], s);
+#pragma unroll
+  for (int off = LPK / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (live) {
+    const float nm = fmaxf(m, s);
+    const float f = exp2f(m - nm), p = exp2f(s - nm);
+    l = l * f + p;
+#pragma unroll
+    for (int i = 0; i < 16; i++) o[i] = fmaf(o[i], f, p * vf[i]);
+    m = nm;
+  }
+}
+
 // One block per (query head, row, key range): flash-decoding's split of the
 // keys, so that short and long caches alike keep every SM busy. Warp 0
 // prepares q, warp 1 the new key, warp 2 the new value; the first block of
@@ -199,33 +235,7 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
   float m = -INFINITY, l = 0.f;
   auto score = [&](int t0, const uint4 (&buf)[4]) {
     const int t = t0 + sub;
-    const bool live = t < hi;
-    float kf[16], vf[16];
-    if (live && t < idx) {
-      unpack8<T>(buf[0], kf);
-      unpack8<T>(buf[1], kf + 8);
-      unpack8<T>(buf[2], vf);
-      unpack8<T>(buf[3], vf + 8);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 16; i++) {
-        kf[i] = live ? kn[part * 16 + i] : 0.f;
-        vf[i] = live ? vn[part * 16 + i] : 0.f;
-      }
-    }
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < 16; i++) s = fmaf(qv[i], kf[i], s);
-#pragma unroll
-    for (int off = LPK / 2; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-    if (live) {
-      const float nm = fmaxf(m, s);
-      const float f = exp2f(m - nm), p = exp2f(s - nm);
-      l = l * f + p;
-#pragma unroll
-      for (int i = 0; i < 16; i++) o[i] = fmaf(o[i], f, p * vf[i]);
-      m = nm;
-    }
+    score_key<T, LPK>(buf, t < idx, t < hi, kn + part * 16, vn + part * 16, qv, m, l, o);
   };
   // (Two rounds per turn, so that each buffer stays in registers.)
   for (int t0 = t_first; t0 < hi; t0 += 2 * STEP) {

@@ -107,12 +107,15 @@ __global__ void __launch_bounds__(kPipeWarps * 32) gemm_pipe(const GemvArgs a) {
     cp_commit();
   }
   float acc[MT][2][4];
+  auto zero = [&] {
 #pragma unroll
-  for (int mt = 0; mt < MT; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++)
+      for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-      for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.f;
+        for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.f;
+  };
+  zero();
   // This warp's W rows: n-tile 0 and 1 (kGlu: the gate and the up rows of
   // the same 8 columns). ldmatrix lane l reads row (l % 8) of matrix l / 8:
   // (tile 0, k 0-7), (tile 0, k 8-15), (tile 1, k 0-7), (tile 1, k 8-15) for
@@ -164,12 +167,7 @@ __global__ void __launch_bounds__(kPipeWarps * 32) gemm_pipe(const GemvArgs a) {
     __syncthreads();
     if (!last) return;
     __threadfence();
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-      for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.f;
+    zero();
     for (int y = 0; y < static_cast<int>(gridDim.y); y++) {
       const float4* theirs =
           reinterpret_cast<const float4*>(part + (static_cast<int64_t>(y) * kThreads + tid) * kVals);
