@@ -45,21 +45,14 @@ __global__ void __launch_bounds__(kWarps * 32) attend_gqa(const AttnArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int kvh = blockIdx.x, b = blockIdx.y, split = blockIdx.z, splits = gridDim.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const StepParams& sp = *a.sp;
-  const int idx = sp.idx, left = sp.left[b];
-  const int first = max(left, 0);
-  const int pos = idx - left;
-  // This block's keys: [lo, hi) of [first, idx].
-  const int n = idx + 1 - first, chunk = (n + splits - 1) / splits;
-  const int lo = first + split * chunk, hi = min(lo + chunk, idx + 1);
+  const AttnBlock<T, D> blk(a, b, kvh, split, splits);
+  const int idx = blk.idx, pos = blk.pos, lo = blk.lo, hi = blk.hi;
   const int nst = hi > lo ? (hi - lo + kGqaKeys - 1) / kGqaKeys : 0;
   __shared__ float q[GQ][D], kn[D], vn[D];
   __shared__ float gm[GQ][LG], gl[GQ][LG], gw[GQ][LG];
-  __shared__ bool last;
-  const T* row = static_cast<const T*>(a.qkv) + b * a.qkv_stride;
-  const int64_t kv_off = (static_cast<int64_t>(b) * a.kv_heads + kvh) * sp.cap * D;
-  T* kc = static_cast<T*>(sp.kc[a.layer]) + kv_off;
-  T* vc = static_cast<T*>(sp.vc[a.layer]) + kv_off;
+  const T* row = blk.row;
+  T* kc = blk.kc;
+  T* vc = blk.vc;
   const bool writer = split == 0;
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   // One stage: keys [t0, t0 + kGqaKeys) of the cache (those before idx and
@@ -175,13 +168,8 @@ __global__ void __launch_bounds__(kWarps * 32) attend_gqa(const AttnArgs a) {
     a.part[((static_cast<int64_t>(b) * a.heads + kvh * GQ + h2) * kGqaSplits + split) * (D + 2) + jj] = v;
   }
   // 4. The last split of this (row, KV head) to finish merges them all.
-  __threadfence();
-  __syncthreads();
   int* arrived = a.arrived + b * a.heads + kvh;
-  if (threadIdx.x == 0) last = atomicAdd(arrived, 1) == splits - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!last_to_arrive(arrived, splits)) return;
   float* fin = reinterpret_cast<float*>(smem);  // [GQ][kGqaSplits][D + 2]
   for (int i = threadIdx.x; i < GQ * splits * (D + 2); i += blockDim.x) {
     const int h2 = i / (splits * (D + 2)), r = i % (splits * (D + 2));

@@ -106,6 +106,20 @@ __device__ __forceinline__ void release_next() {
 #endif
 }
 
+// Whether this block is the last of `n` to arrive at `counter`, once every
+// thread of it has written its share (call from all threads). The last then
+// reads every block's shares (through L2: __ldcg) and, the caller's part,
+// sets the counter back to zero for the next launch.
+__device__ __forceinline__ bool last_to_arrive(int* counter, int n) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == n - 1;
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
 __device__ __forceinline__ uint4 load_stream(const void* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));
 }

@@ -153,6 +153,31 @@ __device__ __forceinline__ void score_key(const uint4 (&kv)[4], bool cached, boo
   }
 }
 
+// What one attention block of row b and KV head kvh works on: the step's
+// new slot idx, the token's position, its keys [lo, hi) (range `split` of
+// `splits` over [first, idx], first past the row's left padding), the row's
+// q/k/v and the KV head's caches.
+template <class T, int D>
+struct AttnBlock {
+  int idx, pos, lo, hi;
+  const T* row;
+  T* kc;
+  T* vc;
+  __device__ AttnBlock(const AttnArgs& a, int b, int kvh, int split, int splits) {
+    const StepParams& sp = *a.sp;
+    idx = sp.idx;
+    const int left = sp.left[b], first = max(left, 0);
+    pos = idx - left;
+    const int n = idx + 1 - first, chunk = (n + splits - 1) / splits;
+    lo = first + split * chunk;
+    hi = min(lo + chunk, idx + 1);
+    row = static_cast<const T*>(a.qkv) + b * a.qkv_stride;
+    const int64_t off = (static_cast<int64_t>(b) * a.kv_heads + kvh) * sp.cap * D;
+    kc = static_cast<T*>(sp.kc[a.layer]) + off;
+    vc = static_cast<T*>(sp.vc[a.layer]) + off;
+  }
+};
+
 // One block per (query head, row, key range): flash-decoding's split of the
 // keys, so that short and long caches alike keep every SM busy. Warp 0
 // prepares q, warp 1 the new key, warp 2 the new value; the first block of
@@ -168,21 +193,14 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
   const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z, splits = gridDim.z;  // splits <= kSplits
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int group = a.heads / a.kv_heads, kvh = h / group;
-  const StepParams& sp = *a.sp;
-  const int idx = sp.idx, left = sp.left[b];
-  const int first = max(left, 0);
-  const int pos = idx - left;
-  // This block's keys: [lo, hi) of [first, idx].
-  const int n = idx + 1 - first, chunk = (n + splits - 1) / splits;
-  const int lo = first + split * chunk, hi = min(lo + chunk, idx + 1);
+  const AttnBlock<T, D> blk(a, b, kvh, split, splits);
+  const int idx = blk.idx, pos = blk.pos, lo = blk.lo, hi = blk.hi;
   __shared__ float q[D], kn[D], vn[D];
   __shared__ float gm[GROUPS], gl[GROUPS];
   __shared__ float go[GROUPS][D + 1];
-  __shared__ bool last;
-  const T* row = static_cast<const T*>(a.qkv) + b * a.qkv_stride;
-  const int64_t kv_off = (static_cast<int64_t>(b) * a.kv_heads + kvh) * sp.cap * D;
-  T* kc = static_cast<T*>(sp.kc[a.layer]) + kv_off;
-  T* vc = static_cast<T*>(sp.vc[a.layer]) + kv_off;
+  const T* row = blk.row;
+  T* kc = blk.kc;
+  T* vc = blk.vc;
   const bool writer = h % group == 0 && split == 0;
   // 0. Before the wait, what does not depend on q/k/v: this warp's first
   //    two rounds of keys and values from the cache (each round of the key
@@ -282,13 +300,8 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
     mine[j] = v;
   }
   // 4. The last split of this (row, head) to finish merges them all.
-  __threadfence();
-  __syncthreads();
   int* arrived = a.arrived + b * a.heads + h;
-  if (threadIdx.x == 0) last = atomicAdd(arrived, 1) == splits - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!last_to_arrive(arrived, splits)) return;
   const float* all = a.part + (static_cast<int64_t>(b) * a.heads + h) * kSplits * (D + 2);
   T* out = static_cast<T*>(a.out) + b * a.out_stride + h * D;
   __shared__ float fin[kSplits][D + 2];

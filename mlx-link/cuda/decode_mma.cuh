@@ -194,7 +194,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemm_tc(const GemvArgs a) {
   //    8 * (i / 2) + l / 4, column 2 * (l % 4) + i % 2.
   constexpr int kVals = MT * NT * 128;
   __shared__ float red[kMmaWarps][kVals];
-  __shared__ bool last;
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -211,12 +210,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemm_tc(const GemvArgs a) {
   if (gridDim.y > 1) {
     float* part = a.part + static_cast<int64_t>(blockIdx.x) * gridDim.y * kVals;
     for (int e = threadIdx.x; e < kVals; e += blockDim.x) part[blockIdx.y * kVals + e] = red[0][e];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(a.arrived + blockIdx.x, 1) == static_cast<int>(gridDim.y) - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_to_arrive(a.arrived + blockIdx.x, gridDim.y)) return;
     for (int e = threadIdx.x; e < kVals; e += blockDim.x) {
       float s = 0.f;
       for (int y = 0; y < static_cast<int>(gridDim.y); y++) s += __ldcg(part + y * kVals + e);

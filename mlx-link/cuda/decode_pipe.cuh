@@ -153,7 +153,6 @@ __global__ void __launch_bounds__(kPipeWarps * 32) gemm_pipe(const GemvArgs a) {
   //    column group adds every split's, in split order.
   constexpr int kVals = MT * 8;
   if (gridDim.y > 1) {
-    __shared__ bool last;
     float* part = a.part + static_cast<int64_t>(blockIdx.x) * gridDim.y * kThreads * kVals;
     float4* mine = reinterpret_cast<float4*>(part + (static_cast<int64_t>(blockIdx.y) * kThreads + tid) * kVals);
 #pragma unroll
@@ -161,12 +160,7 @@ __global__ void __launch_bounds__(kPipeWarps * 32) gemm_pipe(const GemvArgs a) {
 #pragma unroll
       for (int nt = 0; nt < 2; nt++)
         mine[mt * 2 + nt] = make_float4(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]);
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(a.arrived + blockIdx.x, 1) == static_cast<int>(gridDim.y) - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_to_arrive(a.arrived + blockIdx.x, gridDim.y)) return;
     zero();
     for (int y = 0; y < static_cast<int>(gridDim.y); y++) {
       const float4* theirs =
