@@ -46,6 +46,11 @@ import mlx_lm
 from mlx_lm.generate import BatchGenerator, stream_generate
 
 
+# A deadline on each grove-batch-bench run (a hung runner fails its model
+# with its stderr instead of hanging the benchmark).
+BENCH_TIMEOUT_S = 1800
+
+
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -126,7 +131,13 @@ def bench_grove(
         json.dump(prompts, f)
         f.flush()
         cmd = [str(bench), str(model_dir), f.name, str(max_tokens), ",".join(map(str, counts)), *extra]
-        done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+        try:
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=BENCH_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired as e:
+            err = e.stderr if isinstance(e.stderr, str) else (e.stderr or b"").decode(errors="replace")
+            raise RuntimeError(f"grove-batch-bench passed {BENCH_TIMEOUT_S} s: {err.strip()[-2000:]}") from e
     if done.returncode != 0:
         raise RuntimeError(f"grove-batch-bench failed: {done.stderr.strip()[-2000:]}")
     out = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
