@@ -528,8 +528,6 @@ int grove_fd_new(const Dims* dims, const grove_fd::MatIn* mats, int n_mats, void
     if (tc_splits != nullptr) grove_fd::tc_splits = std::clamp(std::atoi(tc_splits), 1, grove_fd::kTcMaxSplits);
     const char* pipe = std::getenv("GROVE_FD_PIPE");
     if (pipe != nullptr) grove_fd::pipe = std::clamp(std::atoi(pipe), 0, 2);
-    const char* qmma = std::getenv("GROVE_FD_QMMA");
-    if (qmma != nullptr) grove_fd::qmma = std::strcmp(qmma, "0") != 0;
     const char* gqa = std::getenv("GROVE_FD_GQA");
     if (gqa != nullptr) grove_fd::gqa_rows = std::max(0, std::atoi(gqa));
     const char* gqa_splits = std::getenv("GROVE_FD_GQA_SPLITS");

@@ -16,7 +16,6 @@
 #include "decode_mma.cuh"
 #include "decode_pipe.cuh"
 #include "decode_attend_gqa.cuh"
-#include "decode_qmma.cuh"
 
 namespace grove_fd {
 
@@ -133,26 +132,8 @@ void launch_rows(const GemvArgs& a, cudaStream_t s) {
   }
 }
 
-// One row of 4-bit weights on integer tensor cores (decode_qmma.cuh) where
-// `qmma` (GROVE_FD_QMMA=1; off by default: slower than gemv, measured there):
-// one block per tile of 16 output columns (kGlu: 8) at a time, as many
-// blocks as the GPU holds (each stages x once for all its tiles).
-inline bool qmma = false;
-
-template <class T, int MODE, bool NORM>
-void launch_qmma(const GemvArgs& a, cudaStream_t s) {
-  constexpr int cols = MODE == kGlu ? 8 : 16;
-  const size_t smem = qmma_smem(a.k, a.gs, NORM);
-  auto kernel = gemv_qmma<T, MODE, NORM>;
-  allow_smem(kernel, smem);
-  const size_t bytes = static_cast<size_t>(a.n) * a.k / 2 * (MODE == kGlu ? 2 : 1);
-  launch(pdl && bytes <= pdl_max_bytes, kernel, grid_for(kernel, smem, (a.n + cols - 1) / cols, kQmmaWarps * 32),
-         kQmmaWarps * 32, smem, s, a);
-}
-
 template <class T, int MODE, bool NORM>
 void launch_bits(int bits, const GemvArgs& a, cudaStream_t s) {
-  if (qmma && bits == 4 && a.gs == 64 && a.rows == 1 && a.k % (kQChunk * kQmmaU) == 0) return launch_qmma<T, MODE, NORM>(a, s);
   switch (bits) {
     case 0: return launch_rows<T, MODE, NORM, 0>(a, s);
     case 4: return launch_rows<T, MODE, NORM, 4>(a, s);
