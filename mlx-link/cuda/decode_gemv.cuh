@@ -44,6 +44,22 @@ __device__ __forceinline__ int stacked(const GemvArgs& a, int& c) {
   return 2;
 }
 
+// A product's value for output o, stored as MODE says: kStore as it is,
+// kResidual added into o (rounded to T first, as MLX's add of two T
+// arrays), kGlu MLX's silu(gate) * up (v the gate's sum, up the up's):
+// gate * sigmoid(gate), then * up, each in T.
+template <class T, int MODE>
+__device__ __forceinline__ void store_out(T* o, float v, float up = 0.f) {
+  if constexpr (MODE == kStore) {
+    *o = Num<T>::from(v);
+  } else if constexpr (MODE == kResidual) {
+    *o = Num<T>::from(Num<T>::to(*o) + rt<T>(v));
+  } else {
+    const float gate = rt<T>(v), u = rt<T>(up);
+    *o = Num<T>::from(rt<T>(gate * sigmoid_t<T>(gate)) * u);
+  }
+}
+
 template <class T>
 __device__ __forceinline__ uint4 pack8(const float v[8]) {
   uint4 out;
@@ -383,16 +399,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
 #pragma unroll
       for (int b = 0; b < B; b++) {
         if (b >= a.rows) break;
-        T* o = out + b * a.out_stride + c;
-        if constexpr (MODE == kStore) {
-          *o = Num<T>::from(acc[r][b]);
-        } else if constexpr (MODE == kResidual) {
-          *o = Num<T>::from(Num<T>::to(*o) + rt<T>(acc[r][b]));
-        } else {
-          // MLX's silu(gate) * up: gate * sigmoid(gate), then * up, each in T.
-          const float gate = rt<T>(acc[r][b]), up = rt<T>(acc[R + r][b]);
-          *o = Num<T>::from(rt<T>(gate * sigmoid_t<T>(gate)) * up);
-        }
+        store_out<T, MODE>(out + b * a.out_stride + c, acc[r][b], MODE == kGlu ? acc[(R + r) % NR][b] : 0.f);
       }
     }
   };

@@ -228,15 +228,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemm_tc(const GemvArgs a) {
     const int c = col0 + nt * 8 + 2 * (l & 3) + (i & 1);
     if (b >= a.rows || c >= a.n) continue;
     auto sum = [&](int tnt) { return red[0][((mt * NT + tnt) * 32 + l) * 4 + i]; };
-    T* o = out + b * a.out_stride + c;
-    if constexpr (MODE == kStore) {
-      *o = Num<T>::from(sum(nt));
-    } else if constexpr (MODE == kResidual) {
-      *o = Num<T>::from(Num<T>::to(*o) + rt<T>(sum(nt)));
-    } else {
-      const float gate = rt<T>(sum(nt)), up = rt<T>(sum(NT / 2 + nt));
-      *o = Num<T>::from(rt<T>(gate * sigmoid_t<T>(gate)) * up);
-    }
+    store_out<T, MODE>(out + b * a.out_stride + c, sum(nt), MODE == kGlu ? sum(NT / 2 + nt) : 0.f);
   }
 }
 

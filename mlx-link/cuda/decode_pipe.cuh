@@ -191,19 +191,13 @@ __global__ void __launch_bounds__(kPipeWarps * 32) gemm_pipe(const GemvArgs a) {
       if constexpr (MODE == kGlu) {
         const int c = col0 + 8 * warp + 2 * t + (i & 1);
         if (c >= a.n) continue;
-        const float gate = rt<T>(acc[mt][0][i]), up = rt<T>(acc[mt][1][i]);
-        out[b * a.out_stride + c] = Num<T>::from(rt<T>(gate * sigmoid_t<T>(gate)) * up);
+        store_out<T, MODE>(out + b * a.out_stride + c, acc[mt][0][i], acc[mt][1][i]);
       } else {
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
           const int c = col0 + 16 * warp + 8 * nt + 2 * t + (i & 1);
           if (c >= a.n) continue;
-          T* o = out + b * a.out_stride + c;
-          if constexpr (MODE == kStore) {
-            *o = Num<T>::from(acc[mt][nt][i]);
-          } else {
-            *o = Num<T>::from(Num<T>::to(*o) + rt<T>(acc[mt][nt][i]));
-          }
+          store_out<T, MODE>(out + b * a.out_stride + c, acc[mt][nt][i]);
         }
       }
     }
