@@ -30,6 +30,7 @@
 // (its consumers) is launched by MLX after it, on the same stream.
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 #include <algorithm>
 #include <chrono>
@@ -391,6 +392,12 @@ int fail(const std::string& why) {
 
 bool contiguous(const array& a) { return a.flags().row_contiguous && a.offset() == 0; }
 
+// A tuning variable's integer, clamped to [lo, hi], into `out` where set.
+void env_int(const char* name, int lo, int hi, int& out) {
+  const char* v = std::getenv(name);
+  if (v != nullptr) out = std::clamp(std::atoi(v), lo, hi);
+}
+
 // Computed in an earlier evaluation (so already on the stream), not only
 // described in the graph.
 bool scheduled(const array& a) { return a.status() != array::Status::unscheduled; }
@@ -522,18 +529,12 @@ int grove_fd_new(const Dims* dims, const grove_fd::MatIn* mats, int n_mats, void
     pdl = pdl_supported() && (pdl_env == nullptr || std::strcmp(pdl_env, "0") != 0);
     const char* max_mb = std::getenv("GROVE_FD_PDL_MAX_MB");
     if (max_mb != nullptr) pdl_max_bytes = static_cast<size_t>(std::strtoull(max_mb, nullptr, 10)) << 20;
-    const char* tc_blocks = std::getenv("GROVE_FD_TC_BLOCKS");
-    if (tc_blocks != nullptr) grove_fd::tc_blocks = std::max(1, std::atoi(tc_blocks));
-    const char* tc_splits = std::getenv("GROVE_FD_TC_SPLITS");
-    if (tc_splits != nullptr) grove_fd::tc_splits = std::clamp(std::atoi(tc_splits), 1, grove_fd::kTcMaxSplits);
-    const char* pipe = std::getenv("GROVE_FD_PIPE");
-    if (pipe != nullptr) grove_fd::pipe = std::clamp(std::atoi(pipe), 0, 2);
-    const char* gqa = std::getenv("GROVE_FD_GQA");
-    if (gqa != nullptr) grove_fd::gqa_rows = std::max(0, std::atoi(gqa));
-    const char* gqa_splits = std::getenv("GROVE_FD_GQA_SPLITS");
-    if (gqa_splits != nullptr) grove_fd::gqa_splits = std::clamp(std::atoi(gqa_splits), 1, grove_fd::kGqaSplits);
-    const char* splits = std::getenv("GROVE_FD_SPLITS");
-    if (splits != nullptr) grove_fd::max_splits = std::clamp(std::atoi(splits), 1, grove_fd::kSplits);
+    env_int("GROVE_FD_TC_BLOCKS", 1, INT_MAX, grove_fd::tc_blocks);
+    env_int("GROVE_FD_TC_SPLITS", 1, grove_fd::kTcMaxSplits, grove_fd::tc_splits);
+    env_int("GROVE_FD_PIPE", 0, 2, grove_fd::pipe);
+    env_int("GROVE_FD_GQA", 0, INT_MAX, grove_fd::gqa_rows);
+    env_int("GROVE_FD_GQA_SPLITS", 1, grove_fd::kGqaSplits, grove_fd::gqa_splits);
+    env_int("GROVE_FD_SPLITS", 1, grove_fd::kSplits, grove_fd::max_splits);
     const char* in_place = std::getenv("GROVE_FD_IN_PLACE");
     p->in_place = in_place == nullptr || std::strcmp(in_place, "0") != 0;
     *plan_out = new std::shared_ptr<Plan>(std::move(p));

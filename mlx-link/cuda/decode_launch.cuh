@@ -70,6 +70,12 @@ inline bool pdl_supported() {
   return major >= 9;
 }
 
+// Whether a product of `row_bytes` per output column (kGlu: per matrix)
+// is launched as a programmatic dependent (pdl, at most pdl_max_bytes).
+inline bool dependent(const GemvArgs& a, size_t row_bytes, int mode) {
+  return pdl && static_cast<size_t>(a.n) * row_bytes * (mode == kGlu ? 2 : 1) <= pdl_max_bytes;
+}
+
 // kernel<<<grid, block, smem, s>>>(args...), launched as a programmatic
 // dependent of the stream's last kernel where `pdl` says so.
 template <class... P, class... A>
@@ -105,8 +111,8 @@ void launch_gemv(const GemvArgs& a, cudaStream_t s) {
   auto kernel = gemv<T, B, R, MODE, NORM, Q>;
   allow_smem(kernel, smem);
   const int groups = (a.n + cols_per_block - 1) / cols_per_block;
-  const size_t bytes = static_cast<size_t>(a.n) * a.k * (Q == 0 ? 8 * sizeof(T) : Q) / 8 * (MODE == kGlu ? 2 : 1);
-  launch(pdl && bytes <= pdl_max_bytes, kernel, grid_for(kernel, smem, groups, kGemvWarps * 32), kGemvWarps * 32,
+  const size_t row_bytes = static_cast<size_t>(a.k) * (Q == 0 ? 8 * sizeof(T) : Q) / 8;
+  launch(dependent(a, row_bytes, MODE), kernel, grid_for(kernel, smem, groups, kGemvWarps * 32), kGemvWarps * 32,
          smem, s, a);
 }
 
@@ -171,9 +177,8 @@ void launch_tc(GemvArgs a, cudaStream_t s, const TcScratch& x) {
     splits--;
   a.part = x.part;
   a.arrived = x.arrived;
-  const size_t bytes = static_cast<size_t>(a.n) * a.k * sizeof(T) * (MODE == kGlu ? 2 : 1);
-  launch(pdl && bytes <= pdl_max_bytes, gemm_tc<T, MT, NT, MODE>, dim3(blocks, splits), dim3(kMmaWarps * 32), 0,
-         s, a);
+  launch(dependent(a, static_cast<size_t>(a.k) * sizeof(T), MODE), gemm_tc<T, MT, NT, MODE>, dim3(blocks, splits),
+         dim3(kMmaWarps * 32), 0, s, a);
 }
 
 template <class T, int MT, int MODE>
@@ -210,8 +215,8 @@ bool launch_pipe(GemvArgs a, cudaStream_t s, const TcScratch& x) {
   if (pipe == 1 && splits > 1 && MT > 1) return false;
   a.part = x.part;
   a.arrived = x.arrived;
-  const size_t bytes = static_cast<size_t>(a.n) * a.k * sizeof(T) * (MODE == kGlu ? 2 : 1);
-  launch(pdl && bytes <= pdl_max_bytes, kernel, dim3(tiles, splits), dim3(kPipeWarps * 32), smem, s, a);
+  launch(dependent(a, static_cast<size_t>(a.k) * sizeof(T), MODE), kernel, dim3(tiles, splits),
+         dim3(kPipeWarps * 32), smem, s, a);
   return true;
 }
 
