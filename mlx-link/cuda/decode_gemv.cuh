@@ -29,8 +29,6 @@ struct GemvArgs {
   int rows;              // B of this launch (<= the template's B)
   float* part;           // gemm_tc split over K: [blocks, splits, tile values]
   int* arrived;          // and per block column, the splits done (zero between)
-  int stages;            // gemv_bulk: pieces in flight per warp (<= kMaxStages)
-  int pre;               // and of those, asked for before the step's wait
 };
 
 // Which matrix of a stacked kStore / kResidual product holds output column
@@ -151,38 +149,22 @@ __host__ __device__ constexpr size_t gemv_smem(int q, int rows, int k, int t_byt
   return static_cast<size_t>(rows) * k * t_bytes + (q == 0 ? 0 : static_cast<size_t>(rows) * (k / (128 / q)) * 8);
 }
 
-// x in shared memory as the products read it (the launch's dynamic shared
-// memory, gemv_smem): rows of k / 8 16-byte vectors, then for Q each span's
-// sum and scale.
-struct XView {
-  uint4* xs;
-  float* xsum;
-  float* xscale;
-  int k8, kv, rows;
-  template <int Q>
-  __device__ static XView at(uint4* smem, const GemvArgs& a) {
-    XView v;
-    v.xs = smem;
-    v.k8 = a.k / 8;
-    v.kv = a.k / Span<Q>::kVals;
-    v.rows = a.rows;
-    v.xsum = reinterpret_cast<float*>(smem + a.rows * v.k8);
-    v.xscale = v.xsum + a.rows * v.kv;
-    return v;
-  }
-};
-
-// Where a warp's NR rows (kGlu: R of gate, R of up) of the columns from col0
-// start (past the end: the last column, not stored): weights, and for Q
-// their scales and biases.
-template <class T, int R, int NR, int MODE, int Q>
-struct Rows {
-  const char* w[NR];
-  const T* s[NR];
-  const T* b[NR];
-  __device__ __forceinline__ Rows(const GemvArgs& a, int col0) {
-    const int64_t row_bytes = static_cast<int64_t>(a.k) * (Q == 0 ? 8 * sizeof(T) : Q) / 8;
-    const int groups = Q == 0 ? 0 : a.k / a.gs;
+template <class T, int B, int R, int MODE, bool NORM, int Q>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
+  constexpr int NR = MODE == kGlu ? 2 * R : R;
+  constexpr int V = Span<Q>::kVals, XV = Span<Q>::kXVecs;
+  extern __shared__ uint4 xs[];  // [rows][k / 8], then (Q) float [2][rows][k / V]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const T* x = static_cast<const T*>(a.x);
+  const int k8 = a.k / 8, kv = a.k / V;
+  float* xsum = reinterpret_cast<float*>(xs + a.rows * k8);
+  float* xscale = xsum + a.rows * kv;
+  // 0. The weight rows of the columns from col0 (past the end: the last
+  //    row, not stored), and this warp's first loads of its first columns,
+  //    asked for before x is staged: they do not depend on it.
+  const int64_t row_bytes = static_cast<int64_t>(a.k) * (Q == 0 ? 8 * sizeof(T) : Q) / 8;
+  const int groups = Q == 0 ? 0 : a.k / a.gs;
+  auto rows_of = [&](int col0, const char* (&wr)[NR], const T* (&sr)[NR], const T* (&br)[NR]) {
 #pragma unroll
     for (int r = 0; r < NR; r++) {
       int c = min(col0 + (r % R), a.n - 1);
@@ -192,27 +174,47 @@ struct Rows {
       } else {
         m = stacked(a, c);
       }
-      w[r] = static_cast<const char*>(a.w[m]) + c * row_bytes;
+      wr[r] = static_cast<const char*>(a.w[m]) + c * row_bytes;
       if constexpr (Q != 0) {
-        s[r] = static_cast<const T*>(a.scales[m]) + static_cast<int64_t>(c) * groups;
-        b[r] = static_cast<const T*>(a.biases[m]) + static_cast<int64_t>(c) * groups;
+        sr[r] = static_cast<const T*>(a.scales[m]) + static_cast<int64_t>(c) * groups;
+        br[r] = static_cast<const T*>(a.biases[m]) + static_cast<int64_t>(c) * groups;
       }
     }
+  };
+  // One 16-byte load of each of a warp's rows at value ku (for Q, with its
+  // group's scale and bias).
+  auto load_at = [&](const char* (&wr)[NR], const T* (&sr)[NR], const T* (&br)[NR], int ku, uint4 (&wv)[NR],
+                     T (&sv)[NR], T (&bv)[NR]) {
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+      wv[r] = load_stream(wr[r] + static_cast<int64_t>(ku) * (Q == 0 ? 8 * sizeof(T) : Q) / 8);
+      if constexpr (Q != 0) {
+        sv[r] = sr[r][ku >> a.gs_log2];
+        bv[r] = br[r][ku >> a.gs_log2];
+      }
+    }
+  };
+  constexpr int P = 8 / NR > 1 ? 8 / NR : 1;
+  const int first = (blockIdx.x * kGemvWarps + warp) * R;
+  uint4 pw[P][NR];
+  T ps[P][NR], pb[P][NR];
+  if (first < a.n) {
+    const char* wr[NR];
+    const T* sr[NR];
+    const T* br[NR];
+    rows_of(first, wr, sr, br);
+#pragma unroll
+    for (int u = 0; u < P; u++) {
+      const int ku = lane * V + u * 32 * V;
+      if (ku < a.k) load_at(wr, sr, br, ku, pw[u], ps[u], pb[u]);
+    }
   }
-};
-
-// 1. x into shared memory (all threads of the block, after the step's
-//    wait); for NORM each row's 1 / rms over all K, then the normalized
-//    values in place (the values MLX's rms_norm outputs, exact in T); for Q
-//    each span turned into split8's integers in place, with its sum and
-//    scale.
-template <class T, int B, bool NORM, int Q>
-__device__ __forceinline__ void stage_x(const GemvArgs& a, const XView& xv) {
-  constexpr int XV = Span<Q>::kXVecs;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const T* x = static_cast<const T*>(a.x);
-  uint4* xs = xv.xs;
-  const int k8 = xv.k8, kv = xv.kv;
+  // The next kernel may start as this one's blocks leave; x is the last
+  // kernel's output.
+  release_next();
+  wait_prior();
+  // 1. x into shared memory; for NORM each row's 1 / rms over all K, then
+  //    the normalized values in place; for Q the spans' sums.
   for (int i = threadIdx.x; i < a.rows * k8; i += blockDim.x) {
     const int b = i / k8, c = i - b * k8;
     xs[b * k8 + swz<XV>(c)] = *reinterpret_cast<const uint4*>(x + b * a.x_stride + c * 8);
@@ -286,142 +288,78 @@ __device__ __forceinline__ void stage_x(const GemvArgs& a, const XView& xv) {
         for (int e = 0; e < 8; e++) q[e] = max(-32767, min(32767, __float2int_rn(v[j][e] * inv)));
         xs[b * k8 + swz<XV>(c * XV + j)] = split8<Q>(q);
       }
-      xv.xsum[i] = t;
-      xv.xscale[i] = m / 32767.f;
+      xsum[i] = t;
+      xscale[i] = m / 32767.f;
     }
     __syncthreads();
   }
-}
-
-// One 16-byte load of each of a warp's NR rows, at value k (and, for Q, its
-// group's scale and bias), into the sums of every row of x.
-template <class T, int B, int NR, int Q>
-__device__ __forceinline__ void consume(float (&acc)[NR][B], const uint4 (&wv)[NR], const T (&sv)[NR],
-                                        const T (&bv)[NR], int k, const XView& x) {
-  constexpr int V = Span<Q>::kVals, XV = Span<Q>::kXVecs;
-  const int k8 = x.k8, kv = x.kv;
-  if constexpr (Q == 0) {
-    float wf[NR][8];
-#pragma unroll
-    for (int r = 0; r < NR; r++) unpack8<T>(wv[r], wf[r]);
-#pragma unroll
-    for (int b = 0; b < B; b++) {
-      if (b < x.rows) {
-        float v[8];
-        unpack8<T>(x.xs[b * k8 + k / 8], v);
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-#pragma unroll
-          for (int i = 0; i < 8; i++) acc[r][b] = fmaf(wf[r][i], v[i], acc[r][b]);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int b = 0; b < B; b++) {
-      if (b < x.rows) {
-        const float xt = x.xsum[b * kv + k / V], xs_scale = x.xscale[b * kv + k / V];
-        int hi[NR], lo[NR];
-#pragma unroll
-        for (int r = 0; r < NR; r++) hi[r] = lo[r] = 0;
-#pragma unroll
-        for (int j = 0; j < XV; j++) {
-          const uint4 xq = x.xs[b * k8 + swz<XV>(k / 8 + j)];
-#pragma unroll
-          for (int r = 0; r < NR; r++) {
-            const uint32_t words[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
-            if constexpr (Q == 4) {
-              const uint32_t even = words[j] & 0x0f0f0f0fu, odd = (words[j] >> 4) & 0x0f0f0f0fu;
-              hi[r] = dp4a_us(even, xq.x, hi[r]);
-              hi[r] = dp4a_us(odd, xq.y, hi[r]);
-              lo[r] = dp4a_uu(even, xq.z, lo[r]);
-              lo[r] = dp4a_uu(odd, xq.w, lo[r]);
-            } else {
-              hi[r] = dp4a_us(words[2 * j], xq.x, hi[r]);
-              lo[r] = dp4a_uu(words[2 * j], xq.y, lo[r]);
-              hi[r] = dp4a_us(words[2 * j + 1], xq.z, hi[r]);
-              lo[r] = dp4a_uu(words[2 * j + 1], xq.w, lo[r]);
-            }
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < NR; r++) {
-          const float p = static_cast<float>(hi[r] * 256 + lo[r]) * xs_scale;
-          acc[r][b] = fmaf(Num<T>::to(sv[r]), p, fmaf(Num<T>::to(bv[r]), xt, acc[r][b]));
-        }
-      }
-    }
-  }
-}
-
-// 4. A warp's sums over its lanes, stored as MODE says (lane 0) for its R
-//    columns from col0.
-template <class T, int B, int R, int NR, int MODE>
-__device__ __forceinline__ void finish(float (&acc)[NR][B], const GemvArgs& a, int col0, int lane) {
-#pragma unroll
-  for (int r = 0; r < NR; r++)
-#pragma unroll
-    for (int b = 0; b < B; b++) acc[r][b] = warp_sum(acc[r][b]);
-  if (lane != 0) return;
-  T* out = static_cast<T*>(a.out_ref != nullptr ? *a.out_ref : a.out);
-#pragma unroll
-  for (int r = 0; r < R; r++) {
-    const int c = col0 + r;
-    if (c >= a.n) break;
-#pragma unroll
-    for (int b = 0; b < B; b++) {
-      if (b >= a.rows) break;
-      store_out<T, MODE>(out + b * a.out_stride + c, acc[r][b], MODE == kGlu ? acc[(R + r) % NR][b] : 0.f);
-    }
-  }
-}
-
-template <class T, int B, int R, int MODE, bool NORM, int Q>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
-  constexpr int NR = MODE == kGlu ? 2 * R : R;
-  constexpr int V = Span<Q>::kVals;
-  extern __shared__ __align__(128) unsigned char smem[];
-  const XView x = XView::at<Q>(reinterpret_cast<uint4*>(smem), a);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  // One 16-byte load of each of a warp's rows at value ku (for Q, with its
-  // group's scale and bias).
-  auto load_at = [&](const Rows<T, R, NR, MODE, Q>& w, int ku, uint4 (&wv)[NR], T (&sv)[NR], T (&bv)[NR]) {
-#pragma unroll
-    for (int r = 0; r < NR; r++) {
-      wv[r] = load_stream(w.w[r] + static_cast<int64_t>(ku) * (Q == 0 ? 8 * sizeof(T) : Q) / 8);
-      if constexpr (Q != 0) {
-        sv[r] = w.s[r][ku >> a.gs_log2];
-        bv[r] = w.b[r][ku >> a.gs_log2];
-      }
-    }
-  };
-  // 0. This warp's first loads of its first columns, asked for before x is
-  //    staged: they do not depend on it.
-  constexpr int P = 8 / NR > 1 ? 8 / NR : 1;
-  const int first = (blockIdx.x * kGemvWarps + warp) * R;
-  uint4 pw[P][NR];
-  T ps[P][NR], pb[P][NR];
-  if (first < a.n) {
-    const Rows<T, R, NR, MODE, Q> w(a, first);
-#pragma unroll
-    for (int u = 0; u < P; u++) {
-      const int ku = lane * V + u * 32 * V;
-      if (ku < a.k) load_at(w, ku, pw[u], ps[u], pb[u]);
-    }
-  }
-  // The next kernel may start as this one's blocks leave; x is the last
-  // kernel's output.
-  release_next();
-  wait_prior();
-  stage_x<T, B, NORM, Q>(a, x);
   // 2. Each group of columns this block takes (a block stages x once for
   //    all of them).
   auto column = [&]<bool PRE>(int col0) {
-    const Rows<T, R, NR, MODE, Q> w(a, col0);
+    const char* wr[NR];
+    const T* sr[NR];
+    const T* br[NR];
+    rows_of(col0, wr, sr, br);
     float acc[NR][B];
 #pragma unroll
     for (int r = 0; r < NR; r++)
 #pragma unroll
       for (int b = 0; b < B; b++) acc[r][b] = 0.f;
+    // One 16-byte load of each row, at value k (and, for Q, its group's scale
+    // and bias) into the sums.
+    auto consume = [&](const uint4 (&wv)[NR], const T (&sv)[NR], const T (&bv)[NR], int k) {
+      if constexpr (Q == 0) {
+        float wf[NR][8];
+#pragma unroll
+        for (int r = 0; r < NR; r++) unpack8<T>(wv[r], wf[r]);
+#pragma unroll
+        for (int b = 0; b < B; b++) {
+          if (b < a.rows) {
+            float v[8];
+            unpack8<T>(xs[b * k8 + k / 8], v);
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+#pragma unroll
+              for (int i = 0; i < 8; i++) acc[r][b] = fmaf(wf[r][i], v[i], acc[r][b]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int b = 0; b < B; b++) {
+          if (b < a.rows) {
+            const float xt = xsum[b * kv + k / V], xs_scale = xscale[b * kv + k / V];
+            int hi[NR], lo[NR];
+#pragma unroll
+            for (int r = 0; r < NR; r++) hi[r] = lo[r] = 0;
+#pragma unroll
+            for (int j = 0; j < XV; j++) {
+              const uint4 xv = xs[b * k8 + swz<XV>(k / 8 + j)];
+#pragma unroll
+              for (int r = 0; r < NR; r++) {
+                const uint32_t words[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
+                if constexpr (Q == 4) {
+                  const uint32_t even = words[j] & 0x0f0f0f0fu, odd = (words[j] >> 4) & 0x0f0f0f0fu;
+                  hi[r] = dp4a_us(even, xv.x, hi[r]);
+                  hi[r] = dp4a_us(odd, xv.y, hi[r]);
+                  lo[r] = dp4a_uu(even, xv.z, lo[r]);
+                  lo[r] = dp4a_uu(odd, xv.w, lo[r]);
+                } else {
+                  hi[r] = dp4a_us(words[2 * j], xv.x, hi[r]);
+                  lo[r] = dp4a_uu(words[2 * j], xv.y, lo[r]);
+                  hi[r] = dp4a_us(words[2 * j + 1], xv.z, hi[r]);
+                  lo[r] = dp4a_uu(words[2 * j + 1], xv.w, lo[r]);
+                }
+              }
+            }
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+              const float xq = static_cast<float>(hi[r] * 256 + lo[r]) * xs_scale;
+              acc[r][b] = fmaf(Num<T>::to(sv[r]), xq, fmaf(Num<T>::to(bv[r]), xt, acc[r][b]));
+            }
+          }
+        }
+      }
+    };
     // 3. Eight (then four, then one) 16-byte loads of every row in flight:
     //    enough bytes in flight per SM to keep HBM busy.
     int k = lane * V;
@@ -430,16 +368,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
         uint4 wv[U][NR];
         T sv[U][NR], bv[U][NR];
 #pragma unroll
-        for (int u = 0; u < U; u++) load_at(w, k + u * 32 * V, wv[u], sv[u], bv[u]);
+        for (int u = 0; u < U; u++) load_at(wr, sr, br, k + u * 32 * V, wv[u], sv[u], bv[u]);
 #pragma unroll
-        for (int u = 0; u < U; u++) consume<T, B, NR, Q>(acc, wv[u], sv[u], bv[u], k + u * 32 * V, x);
+        for (int u = 0; u < U; u++) consume(wv[u], sv[u], bv[u], k + u * 32 * V);
       }
     };
     // The first columns' first loads, asked for in step 0.
     if constexpr (PRE) {
 #pragma unroll
       for (int u = 0; u < P; u++)
-        if (k + u * 32 * V < a.k) consume<T, B, NR, Q>(acc, pw[u], ps[u], pb[u], k + u * 32 * V, x);
+        if (k + u * 32 * V < a.k) consume(pw[u], ps[u], pb[u], k + u * 32 * V);
       k += P * 32 * V;
     }
     // (Eight loads in flight in all: fewer per row where a warp reads
@@ -447,7 +385,23 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
     pass.template operator()<(8 / NR > 1 ? 8 / NR : 1)>();
     if constexpr (NR < 4) pass.template operator()<(4 / NR > 1 ? 4 / NR : 1)>();
     pass.template operator()<1>();
-    finish<T, B, R, NR, MODE>(acc, a, col0, lane);
+    // 4. Sum the lanes and store as MODE says.
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+      for (int b = 0; b < B; b++) acc[r][b] = warp_sum(acc[r][b]);
+    if (lane != 0) return;
+    T* out = static_cast<T*>(a.out_ref != nullptr ? *a.out_ref : a.out);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+      const int c = col0 + r;
+      if (c >= a.n) break;
+#pragma unroll
+      for (int b = 0; b < B; b++) {
+        if (b >= a.rows) break;
+        store_out<T, MODE>(out + b * a.out_stride + c, acc[r][b], MODE == kGlu ? acc[(R + r) % NR][b] : 0.f);
+      }
+    }
   };
   // (The first column apart, so that its first loads' registers are free
   // for the others.)

@@ -13,7 +13,6 @@
 #include <utility>
 
 #include "decode_kernels.cuh"
-#include "decode_gemv_bulk.cuh"
 #include "decode_mma.cuh"
 #include "decode_pipe.cuh"
 #include "decode_attend_gqa.cuh"
@@ -105,57 +104,8 @@ int grid_for(K kernel, size_t smem, int work, int threads = kWarps * 32) {
   return std::max(1, std::min(work, resident * sms));
 }
 
-// Which products take gemv_bulk where it can (GROVE_FD_BULK: 0 none, 1
-// those of quantized weights, 2 all; Hopper only): its pieces copied whole
-// (rows of whole 16-byte vectors; for Q a row's scales, and a piece's, whole
-// 16-byte vectors) and at least two pieces a warp in a block's shared
-// memory; as many in flight as fit (kMaxStages at most), bulk_pre of them
-// asked for before the step's wait (GROVE_FD_BULK_PRE).
-inline int bulk = 0;
-inline int bulk_pre = kMaxStages;
-inline int bulk_stages = kMaxStages;
-
-inline size_t smem_optin() {
-  static int bytes = 0;
-  if (bytes == 0) {
-    int dev = 0;
-    check(cudaGetDevice(&dev), "device");
-    check(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "device");
-  }
-  return static_cast<size_t>(bytes);
-}
-
-template <class T, int B, int R, int MODE, bool NORM, int Q>
-bool launch_bulk(GemvArgs a, cudaStream_t s) {
-  constexpr int NR = MODE == kGlu ? 2 * R : R, PV = piece_vals<T, Q>();
-  if (bulk == 0 || (Q == 0 && bulk < 2) || a.k % (Q == 0 ? 8 : 128 / Q) != 0) return false;
-  if constexpr (Q != 0) {
-    if (a.gs > PV || (a.k / a.gs) % 8 != 0 || (PV / a.gs) % 8 != 0) return false;
-  }
-  for (int m = 0; m < 3; m++) {
-    const auto misaligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 != 0; };
-    if (misaligned(a.w[m]) || (Q != 0 && (misaligned(a.scales[m]) || misaligned(a.biases[m])))) return false;
-  }
-  // (2 KiB for the kernel's static shared memory)
-  const size_t room = smem_optin() - 2048, gs = Q == 0 ? 1 : a.gs;
-  const size_t x_bytes = bulk_smem(Q, a.rows, a.k, sizeof(T), NR, PV, gs, 0);
-  const size_t stage = bulk_smem(Q, a.rows, a.k, sizeof(T), NR, PV, gs, 1) - x_bytes;
-  if (x_bytes + 2 * stage > room) return false;
-  a.stages = static_cast<int>(std::min<size_t>(bulk_stages, (room - x_bytes) / stage));
-  a.pre = std::min(a.stages, bulk_pre);
-  const size_t smem = x_bytes + a.stages * stage;
-  auto kernel = gemv_bulk<T, B, R, MODE, NORM, Q>;
-  allow_smem(kernel, smem);
-  const int cols_per_block = kGemvWarps * R, groups = (a.n + cols_per_block - 1) / cols_per_block;
-  const size_t row_bytes = static_cast<size_t>(a.k) * (Q == 0 ? 8 * sizeof(T) : Q) / 8;
-  launch(dependent(a, row_bytes, MODE), kernel, grid_for(kernel, smem, groups, kGemvWarps * 32), kGemvWarps * 32,
-         smem, s, a);
-  return true;
-}
-
 template <class T, int B, int R, int MODE, bool NORM, int Q>
 void launch_gemv(const GemvArgs& a, cudaStream_t s) {
-  if (launch_bulk<T, B, R, MODE, NORM, Q>(a, s)) return;
   const int cols_per_block = kGemvWarps * R;
   const size_t smem = gemv_smem(Q, a.rows, a.k, sizeof(T));
   auto kernel = gemv<T, B, R, MODE, NORM, Q>;
