@@ -1,7 +1,8 @@
 // Grove's CUDA decode step: one MLX primitive that runs a whole decode step
 // of a pre-norm decoder (Llama, Mistral, Qwen3; float16/bfloat16 weights or
 // MLX's affine 4/8-bit ones, full-precision KV) as 5 kernels per layer
-// (decode_kernels.cuh), launched (decode_launch.cuh) straight onto MLX's
+// (decode_kernels.cuh; 8 with Qwen3-MoE's routed experts, decode_moe.cuh),
+// launched (decode_launch.cuh) straight onto MLX's
 // CUDA stream: captured once per batch size as a CUDA
 // graph and replayed, the step's changing inputs (token, slot, left padding,
 // KV buffers, logits) written first into device memory by one small kernel.
@@ -60,8 +61,14 @@ namespace {
 // The shared memory a product's block may take for its rows of x without
 // asking for more (48 KiB): it bounds the rows a step takes (Plan::max_rows).
 // Past it (Llama-8B at 8 rows: 235 tok/s against 685 for mlx-lm, measured
-// on an H100), MLX's step is faster.
+// on an H100), MLX's step is faster. With routed experts MLX's step is
+// much slower (its gather products cost the host ~8 ms a step), so there
+// the rows may take 96 KiB: Qwen3-30B-A3B 4-bit, 8 streams (H100,
+// gpu_batched.sh, one run): 505.8 tok/s against 307.2 at 48 KiB, whose 5
+// rows left 8-row batches to MLX's step (mlx-lm 261.0). GROVE_FD_X_KIB
+// changes both.
 constexpr size_t kXBytes = 48 * 1024;
+constexpr size_t kXBytesExperts = 96 * 1024;
 
 // x [rows, k] @ w^T -> out [rows, n], the rows packed (k and n apart); a
 // fused RMS norm of x where `norm` is given. Stacked matrices (q/k/v) and
@@ -95,6 +102,39 @@ void stack(GemvArgs& g, int i, const Mat& w) {
     g.scales[i] = ptr(w.scales);
     g.biases[i] = ptr(w.biases);
   }
+}
+
+// Steps 4 and 5 of a layer of routed experts (decode_moe.cuh): each row's
+// h += its top_k picked experts' SiLU MLPs of norm(h), weighted by their
+// routing scores.
+template <class T>
+void moe_layer(const Plan& p, int rows, const std::vector<Mat>& w, const std::vector<array>& v, cudaStream_t s) {
+  using namespace grove_fd;
+  const Dims& d = p.d;
+  const int pairs = rows * d.top_k;
+  // 4a. the router's logits of norm(h)
+  gemv_rows<T>(rows, kStore, true, w[kWr].bits, false, p.tcs,
+               product(p.h, d.hidden, w[kWr], d.experts, p.rlog, ptr(v[kLn2]), d.rms_eps), s);
+  // 4b. the picks and their scores
+  launch(pdl, route<T>, dim3(rows), dim3(256), d.experts * sizeof(float), s, static_cast<const T*>(p.rlog),
+         d.experts, d.top_k, d.moe_normalize, p.sel, p.score);
+  p.prof.mark(s, Profile::kRoute);
+  // 4c. act[pair] = silu(norm(h[row]) @ Wg[e]^T) * (norm(h[row]) @ Wu[e]^T)
+  GemvArgs m = product(p.h, d.hidden, w[kWg], d.intermediate, p.act, ptr(v[kLn2]), d.rms_eps);
+  stack(m, 1, w[kWu]);
+  m.experts = p.sel;
+  m.x_div = d.top_k;
+  launch_experts<T>(kGlu, w[kWg].bits, m, pairs, s);
+  p.prof.mark(s, Profile::kGlu);
+  // 4d. ys[pair] = act[pair] @ Wd[e]^T
+  GemvArgs dn = product(p.act, d.intermediate, w[kWd], d.hidden, p.ys);
+  dn.experts = p.sel;
+  dn.x_div = 1;
+  launch_experts<T>(kStore, w[kWd].bits, dn, pairs, s);
+  // 5. h += sum over the row's picks of score * ys[pair]
+  launch(pdl, combine<T>, dim3((d.hidden + 255) / 256, rows), dim3(256), 0, s, static_cast<const T*>(p.ys),
+         static_cast<const float*>(p.score), d.top_k, d.hidden, static_cast<T*>(p.h));
+  p.prof.mark(s, Profile::kDown);
 }
 
 // The kernels of one step for `rows` rows: tokens -> logits, writing slot
@@ -154,6 +194,10 @@ void run_step(const Plan& p, int rows, cudaStream_t s) {
     gemv_rows<T>(rows, kResidual, false, w[kWo].bits, tc, p.tcs, product(p.att, q_rows, w[kWo], d.hidden, p.h),
                  s);
     p.prof.mark(s, Profile::kO);
+    if (d.experts > 0) {
+      moe_layer<T>(p, rows, w, v, s);
+      continue;
+    }
     // 4. act = silu(norm(h) @ Wg^T) * (norm(h) @ Wu^T)
     GemvArgs m = product(p.h, d.hidden, w[kWg], d.intermediate, p.act, ptr(v[kLn2]), d.rms_eps);
     stack(m, 1, w[kWu]);
@@ -299,14 +343,19 @@ extern "C" {
 const char* grove_fd_error() { return last_error.c_str(); }
 
 // Checks and keeps one matrix of [rows, cols] (logical).
-std::string take_mat(const grove_fd::MatIn& in, int rows, int cols, Dtype dtype, Mat& out) {
+// `experts` > 0: that many matrices stacked, [experts, rows, cols]
+// (quantized only).
+std::string take_mat(const grove_fd::MatIn& in, int rows, int cols, Dtype dtype, Mat& out, int experts = 0) {
   if (in.w == nullptr) return "a matrix is missing";
   const array& w = *static_cast<const array*>(in.w);
-  if (!w.is_available() || !contiguous(w) || w.ndim() != 2 || w.shape(0) != rows)
+  const int lead = experts > 0 ? 1 : 0;
+  auto stacked_as = [&](const array& a) { return lead == 0 || a.shape(0) == experts; };
+  if (!w.is_available() || !contiguous(w) || w.ndim() != 2 + lead || !stacked_as(w) || w.shape(lead) != rows)
     return "a matrix is not evaluated, contiguous or of its shape";
   out.bits = in.bits;
   out.w = w;
   if (in.bits == 0) {
+    if (lead) return "experts' dense matrices are not covered";
     if (w.dtype() != dtype || w.shape(1) != cols) return "a dense matrix is not in the model's dtype";
     return "";
   }
@@ -314,20 +363,21 @@ std::string take_mat(const grove_fd::MatIn& in, int rows, int cols, Dtype dtype,
   if (in.group_size != 32 && in.group_size != 64 && in.group_size != 128) return "group size not 32, 64 or 128";
   if (in.scales == nullptr || in.biases == nullptr) return "a quantized matrix without scales or biases";
   if (cols % in.group_size) return "a quantized matrix's columns are not whole groups";
-  if (w.dtype() != uint32 || static_cast<int64_t>(w.shape(1)) * 32 != static_cast<int64_t>(cols) * in.bits)
+  if (w.dtype() != uint32 || static_cast<int64_t>(w.shape(lead + 1)) * 32 != static_cast<int64_t>(cols) * in.bits)
     return "a quantized matrix's words do not match its shape";
   out.gs = in.group_size;
   out.scales = *static_cast<const array*>(in.scales);
   out.biases = *static_cast<const array*>(in.biases);
   for (const array* a : {&out.scales, &out.biases})
-    if (!a->is_available() || !contiguous(*a) || a->dtype() != dtype || a->ndim() != 2 || a->shape(0) != rows ||
-        a->shape(1) != cols / in.group_size)
+    if (!a->is_available() || !contiguous(*a) || a->dtype() != dtype || a->ndim() != 2 + lead || !stacked_as(*a) ||
+        a->shape(lead) != rows || a->shape(lead + 1) != cols / in.group_size)
       return "scales or biases not dense [rows, groups] in the model's dtype";
   return "";
 }
 
 // A plan over the model's weights. `mats`: embed, head (untied only), then
-// per layer q, k, v, o, gate, up, down. `vecs`: final norm, RoPE
+// per layer q, k, v, o, gate, up, down (routed experts: stacked, then the
+// router). `vecs`: final norm, RoPE
 // frequencies (has_freqs only), then per layer ln1, ln2, [q_norm, k_norm].
 // 0: done.
 int grove_fd_new(const Dims* dims, const grove_fd::MatIn* mats, int n_mats, void* const* vecs, int n_vecs,
@@ -342,7 +392,11 @@ int grove_fd_new(const Dims* dims, const grove_fd::MatIn* mats, int n_mats, void
     if (d.heads % d.kv_heads) return fail("heads must be a multiple of kv_heads");
     if (d.layers < 1 || d.layers > grove_fd::kMaxLayers) return fail("too many layers");
     const int per_vecs = d.qk_norm ? kVecs : kQn;
-    if (n_mats != 1 + (d.tied ? 0 : 1) + d.layers * kMats) return fail("wrong number of matrices");
+    const bool moe = d.experts > 0;
+    const int per_mats = kMats + (moe ? 1 : 0);
+    if (moe && (d.top_k < 1 || d.top_k > d.experts || d.experts > 4096))
+      return fail("routed experts: top_k must be 1..experts, and experts at most 4096");
+    if (n_mats != 1 + (d.tied ? 0 : 1) + d.layers * per_mats) return fail("wrong number of matrices");
     if (n_vecs != 1 + (d.has_freqs ? 1 : 0) + d.layers * per_vecs) return fail("wrong number of vectors");
     auto vec = [&](int i) -> const array& { return *static_cast<const array*>(vecs[i]); };
     int v = 0;
@@ -366,10 +420,14 @@ int grove_fd_new(const Dims* dims, const grove_fd::MatIn* mats, int n_mats, void
     products.emplace_back(d.tied ? &p->embed : &p->head, d.hidden);
     auto need = [&](const Mat& w, int k) { products.emplace_back(&w, k); };
     for (int l = 0; l < d.layers; l++) {
-      std::vector<Mat> w(kMats);
+      std::vector<Mat> w(per_mats);
       for (int j = 0; j < kMats; j++) {
-        why = take_mat(mats[m++], shape[j][0], shape[j][1], p->dtype, w[j]);
+        why = take_mat(mats[m++], shape[j][0], shape[j][1], p->dtype, w[j], moe && j >= kWg ? d.experts : 0);
         if (!why.empty()) return fail("layer " + std::to_string(l) + ": " + why);
+      }
+      if (moe) {
+        why = take_mat(mats[m++], d.experts, d.hidden, p->dtype, w[kWr]);
+        if (!why.empty()) return fail("layer " + std::to_string(l) + " router: " + why);
       }
       // Stacked products take one kind of matrix.
       auto same = [&](int a, int b) { return w[a].bits == w[b].bits && w[a].gs == w[b].gs; };
@@ -385,19 +443,25 @@ int grove_fd_new(const Dims* dims, const grove_fd::MatIn* mats, int n_mats, void
       p->mats.push_back(std::move(w));
       p->vecs.push_back(std::move(vs));
     }
-    for (const std::vector<Mat>& w : p->mats)
+    for (const std::vector<Mat>& w : p->mats) {
       for (int j = 0; j < kMats; j++) need(w[j], shape[j][1]);
+      if (moe) need(w[kWr], d.hidden);
+    }
     for (const array* a : {&p->final_norm, &p->freqs})
       if (!a->is_available() || !contiguous(*a)) return fail("final norm or RoPE frequencies not evaluated");
     if (d.has_freqs && p->freqs.dtype() != float32) return fail("RoPE frequencies must be float32");
+    int x_kib = (moe ? kXBytesExperts : kXBytes) / 1024;
+    env_int("GROVE_FD_X_KIB", 1, 200, x_kib);
+    const size_t x_bytes = static_cast<size_t>(x_kib) * 1024;
     auto fits = [&](int rows) {
       for (const auto& [w, k] : products)
-        if (grove_fd::gemv_smem(w->bits, rows, k, size_of(p->dtype)) > kXBytes) return false;
+        if (grove_fd::gemv_smem(w->bits, rows, k, size_of(p->dtype)) > x_bytes) return false;
       return true;
     };
     p->max_rows = grove_fd::kGemvMaxRows;
     while (p->max_rows > 0 && !fits(p->max_rows)) p->max_rows--;
     if (p->max_rows < 1) return fail("a reduction is too long for the step");
+
     // Dense weights: every batch past what gemv fits (the rows it fits keep
     // gemv, as measured before gemm_tc; GROVE_FD_MMA_ROWS=N from N rows, 0:
     // never) on tensor cores, up to kMaxRows.
@@ -405,7 +469,7 @@ int grove_fd_new(const Dims* dims, const grove_fd::MatIn* mats, int n_mats, void
     for (const auto& [w, k] : products) dense = dense && w->bits == 0;
     const char* mma_env = std::getenv("GROVE_FD_MMA_ROWS");
     const int mma_rows = mma_env == nullptr ? p->max_rows + 1 : std::atoi(mma_env);
-    if (dense && mma_rows > 0 && d.hidden % 32 == 0 && d.intermediate % 32 == 0 && q_rows % 32 == 0) {
+    if (dense && !moe && mma_rows > 0 && d.hidden % 32 == 0 && d.intermediate % 32 == 0 && q_rows % 32 == 0) {
       p->tc_rows = std::min(mma_rows, p->max_rows + 1);
       p->max_rows = grove_fd::kMaxRows;
     }

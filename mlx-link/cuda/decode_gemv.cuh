@@ -29,6 +29,12 @@ struct GemvArgs {
   int rows;              // B of this launch (<= the template's B)
   float* part;           // gemm_tc split over K: [blocks, splits, tile values]
   int* arrived;          // and per block column, the splits done (zero between)
+  // Routed experts (gemv<..., EXP>, decode_moe.cuh): blockIdx.y is a
+  // (row, pick) pair p of the launch; its n output columns (out + p * n)
+  // are rows of expert experts[p] of each w, stacked [experts, n, K]
+  // (scales and biases alike), times row p / x_div of x.
+  const int* experts;
+  int x_div;
 };
 
 // Which matrix of a stacked kStore / kResidual product holds output column
@@ -149,13 +155,13 @@ __host__ __device__ constexpr size_t gemv_smem(int q, int rows, int k, int t_byt
   return static_cast<size_t>(rows) * k * t_bytes + (q == 0 ? 0 : static_cast<size_t>(rows) * (k / (128 / q)) * 8);
 }
 
-template <class T, int B, int R, int MODE, bool NORM, int Q>
+template <class T, int B, int R, int MODE, bool NORM, int Q, bool EXP = false>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   constexpr int NR = MODE == kGlu ? 2 * R : R;
   constexpr int V = Span<Q>::kVals, XV = Span<Q>::kXVecs;
   extern __shared__ uint4 xs[];  // [rows][k / 8], then (Q) float [2][rows][k / V]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const T* x = static_cast<const T*>(a.x);
+  const T* x = static_cast<const T*>(a.x) + (EXP ? blockIdx.y / a.x_div * a.x_stride : 0);
   const int k8 = a.k / 8, kv = a.k / V;
   float* xsum = reinterpret_cast<float*>(xs + a.rows * k8);
   float* xscale = xsum + a.rows * kv;
@@ -174,6 +180,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
       } else {
         m = stacked(a, c);
       }
+      // (The picks are the previous kernel's output: read after the wait.)
+      if constexpr (EXP) c += a.experts[blockIdx.y] * a.n;
       wr[r] = static_cast<const char*>(a.w[m]) + c * row_bytes;
       if constexpr (Q != 0) {
         sr[r] = static_cast<const T*>(a.scales[m]) + static_cast<int64_t>(c) * groups;
@@ -198,7 +206,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   const int first = (blockIdx.x * kGemvWarps + warp) * R;
   uint4 pw[P][NR];
   T ps[P][NR], pb[P][NR];
-  if (first < a.n) {
+  if (!EXP && first < a.n) {
     const char* wr[NR];
     const T* sr[NR];
     const T* br[NR];
@@ -391,7 +399,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
 #pragma unroll
       for (int b = 0; b < B; b++) acc[r][b] = warp_sum(acc[r][b]);
     if (lane != 0) return;
-    T* out = static_cast<T*>(a.out_ref != nullptr ? *a.out_ref : a.out);
+    T* out = static_cast<T*>(a.out_ref != nullptr ? *a.out_ref : a.out) + (EXP ? blockIdx.y * a.n : 0);
 #pragma unroll
     for (int r = 0; r < R; r++) {
       const int c = col0 + r;
@@ -405,7 +413,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   };
   // (The first column apart, so that its first loads' registers are free
   // for the others.)
-  if (first < a.n) column.template operator()<true>(first);
+  if (first < a.n) column.template operator()<!EXP>(first);
   for (int col0 = first + gridDim.x * kGemvWarps * R; col0 < a.n; col0 += gridDim.x * kGemvWarps * R)
     column.template operator()<false>(col0);
 }

@@ -12,7 +12,9 @@
 // (decode_pipe.cuh's gemm_pipe, pipelined through shared memory, or
 // decode_mma.cuh's gemm_tc), each norm first in its own kernel (norm_rows);
 // batches of grouped-query models share each key among a group's heads in
-// attention (decode_attend_gqa.cuh).
+// attention (decode_attend_gqa.cuh). Layers of routed experts (Qwen3-MoE)
+// replace 4 and 5 with decode_moe.cuh's router, picks, experts'
+// products and their weighted sum.
 //
 // Every value MLX's step rounds to the model's dtype (each op's output) is
 // rounded here at the same place; sums run in float32 as in MLX's kernels,

@@ -16,6 +16,7 @@
 #include "decode_mma.cuh"
 #include "decode_pipe.cuh"
 #include "decode_attend_gqa.cuh"
+#include "decode_moe.cuh"
 
 namespace grove_fd {
 
@@ -104,16 +105,24 @@ int grid_for(K kernel, size_t smem, int work, int threads = kWarps * 32) {
   return std::max(1, std::min(work, resident * sms));
 }
 
-template <class T, int B, int R, int MODE, bool NORM, int Q>
-void launch_gemv(const GemvArgs& a, cudaStream_t s) {
+// (EXP: `pairs` routed pairs, each its blocks' share of what the GPU
+// holds at once.)
+template <class T, int B, int R, int MODE, bool NORM, int Q, bool EXP = false>
+void launch_gemv(const GemvArgs& a, cudaStream_t s, int pairs = 1) {
   const int cols_per_block = kGemvWarps * R;
   const size_t smem = gemv_smem(Q, a.rows, a.k, sizeof(T));
-  auto kernel = gemv<T, B, R, MODE, NORM, Q>;
+  auto kernel = gemv<T, B, R, MODE, NORM, Q, EXP>;
   allow_smem(kernel, smem);
   const int groups = (a.n + cols_per_block - 1) / cols_per_block;
   const size_t row_bytes = static_cast<size_t>(a.k) * (Q == 0 ? 8 * sizeof(T) : Q) / 8;
-  launch(dependent(a, row_bytes, MODE), kernel, grid_for(kernel, smem, groups, kGemvWarps * 32), kGemvWarps * 32,
-         smem, s, a);
+  int blocks = grid_for(kernel, smem, groups, kGemvWarps * 32);
+  if constexpr (EXP) {
+    const int resident = grid_for(kernel, smem, 1 << 30, kGemvWarps * 32);
+    blocks = std::clamp(resident / pairs, 1, groups);  // (one wave: a block an SM)
+  }
+  GemvArgs all = a;
+  all.n = a.n * pairs;  // (for `dependent`: the bytes of all pairs)
+  launch(dependent(all, row_bytes, MODE), kernel, dim3(blocks, pairs), kGemvWarps * 32, smem, s, a);
 }
 
 // Two columns per warp where that still gives every SM a block (each x
@@ -146,6 +155,19 @@ void launch_bits(int bits, const GemvArgs& a, cudaStream_t s) {
     case 8: return launch_rows<T, MODE, NORM, 8>(a, s);
     default: throw std::runtime_error("[grove decode] no product for these bits");
   }
+}
+
+// The routed experts' products (decode_moe.cuh) of `pairs` (row, pick)
+// pairs, one x row per block: gate/up (norm, SiLU) or down (stored), one
+// column per warp, from quantized weights.
+template <class T>
+void launch_experts(int mode, int bits, GemvArgs a, int pairs, cudaStream_t s) {
+  a.rows = 1;
+  if (mode == kGlu && bits == 4) return launch_gemv<T, 1, 1, kGlu, true, 4, true>(a, s, pairs);
+  if (mode == kGlu && bits == 8) return launch_gemv<T, 1, 1, kGlu, true, 8, true>(a, s, pairs);
+  if (mode == kStore && bits == 4) return launch_gemv<T, 1, 1, kStore, false, 4, true>(a, s, pairs);
+  if (mode == kStore && bits == 8) return launch_gemv<T, 1, 1, kStore, false, 8, true>(a, s, pairs);
+  throw std::runtime_error("[grove decode] no experts' product for these bits");
 }
 
 // Scratch of the tensor-core products: x normalized, split sums, counters.

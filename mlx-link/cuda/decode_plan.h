@@ -23,6 +23,10 @@ struct Dims {
   int32_t layers, hidden, heads, kv_heads, head_dim, intermediate, vocab;
   float rms_eps, qk_eps, scale, log2_base, rope_scale;
   int32_t qk_norm, tied, has_freqs;
+  // Routed experts on every layer where experts > 0 (Qwen3-MoE; then
+  // `intermediate` is each expert's): top_k of them per token, their
+  // probabilities renormalized where moe_normalize.
+  int32_t experts, top_k, moe_normalize;
 };
 // One matrix as the runner hands it over (`mlx::core::array*`s): dense
 // (bits 0, no scales or biases) or MLX's affine quantization.
@@ -42,8 +46,10 @@ using grove_fd::AttnArgs;
 using grove_fd::GemvArgs;
 using grove_fd::Profile;
 
-// Matrices and vectors per layer, in the order the runner passes them.
-enum { kWq, kWk, kWv, kWo, kWg, kWu, kWd, kMats };
+// Matrices and vectors per layer, in the order the runner passes them
+// (layers of routed experts: gate, up and down stacked per expert, then
+// the router, kWr).
+enum { kWq, kWk, kWv, kWo, kWg, kWu, kWd, kMats, kWr = kMats };
 enum { kLn1, kLn2, kQn, kKn, kVecs };
 
 using grove_fd::check;
@@ -76,6 +82,10 @@ struct Plan {
   void* qkv = nullptr;
   void* att = nullptr;
   void* act = nullptr;
+  void* rlog = nullptr;    // routed experts: the router's logits [rows, experts]
+  int* sel = nullptr;      // each row's picked experts [rows, top_k]
+  float* score = nullptr;  // and their scores
+  void* ys = nullptr;      // each pick's down projection [rows * top_k, hidden]
   grove_fd::TcScratch tcs{};  // the tensor-core products' (where they run)
   grove_fd::StepParams* params = nullptr;  // the step's changing inputs
   float* part = nullptr;                   // attention's per-split results
@@ -93,7 +103,8 @@ struct Plan {
 
   Plan() : final_norm(0.f), freqs(0.f) {}
   ~Plan() {
-    for (void* p : {h, qkv, att, act, tcs.x, static_cast<void*>(tcs.part), static_cast<void*>(tcs.arrived),
+    for (void* p : {h, qkv, att, act, rlog, ys, static_cast<void*>(sel), static_cast<void*>(score), tcs.x,
+                    static_cast<void*>(tcs.part), static_cast<void*>(tcs.arrived),
                     static_cast<void*>(params), static_cast<void*>(part), static_cast<void*>(arrived)})
       if (p) cudaFree(p);
     for (cudaGraphExec_t g : graphs)
@@ -106,7 +117,13 @@ struct Plan {
     check(cudaMalloc(&h, r * d.hidden * e), "scratch");
     check(cudaMalloc(&qkv, r * qkv_width() * e), "scratch");
     check(cudaMalloc(&att, r * d.heads * d.head_dim * e), "scratch");
-    check(cudaMalloc(&act, r * d.intermediate * e), "scratch");
+    check(cudaMalloc(&act, r * d.intermediate * std::max(1, d.top_k) * e), "scratch");
+    if (d.experts > 0) {
+      check(cudaMalloc(&rlog, r * d.experts * e), "scratch");
+      check(cudaMalloc(&sel, r * d.top_k * sizeof(int)), "scratch");
+      check(cudaMalloc(&score, r * d.top_k * sizeof(float)), "scratch");
+      check(cudaMalloc(&ys, r * d.top_k * d.hidden * e), "scratch");
+    }
     if (tc_rows <= max_rows) {
       // x normalized, split sums ([blocks, splits, up to 1024 values]: a
       // product splits only while it has fewer blocks than tc_blocks per SM;

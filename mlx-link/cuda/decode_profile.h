@@ -12,7 +12,7 @@
 namespace grove_fd {
 
 struct Profile {
-  enum Kind { kEmbed, kQkv, kAttend, kO, kGlu, kDown, kHead, kCopy, kKinds };
+  enum Kind { kEmbed, kQkv, kAttend, kO, kRoute, kGlu, kDown, kHead, kCopy, kKinds };
   bool on = false;
   bool counts = false;  // GROVE_FD_PROFILE=2: steps, copies and host time only (graphs kept)
   bool sync = false;    // GROVE_FD_PROFILE=3: the same, each step waited for
@@ -59,8 +59,8 @@ struct Profile {
       const double k = 1.0 / steps;
       fprintf(stderr,
               "grove decode profile: %ld steps; per step (us): embed %.1f, qkv %.1f, attend %.1f, "
-              "o %.1f, glu %.1f, down %.1f, head %.1f, cache copies %.1f (%ld); host launches %.1f\n",
-              steps, us[kEmbed] * k, us[kQkv] * k, us[kAttend] * k, us[kO] * k, us[kGlu] * k,
+              "o %.1f, route %.1f, glu %.1f, down %.1f, head %.1f, cache copies %.1f (%ld); host launches %.1f\n",
+              steps, us[kEmbed] * k, us[kQkv] * k, us[kAttend] * k, us[kO] * k, us[kRoute] * k, us[kGlu] * k,
               us[kDown] * k, us[kHead] * k, us[kCopy] * k, copies, host_us * k);
     }
   }

@@ -45,6 +45,11 @@ import mlx.core as mx
 import mlx_lm
 from mlx_lm.generate import BatchGenerator, stream_generate
 
+# mlx-lm 0.32.2's quantized expert layers made to run on mlx 0.32.2 (as in
+# mlx_lm_bench.py), so MoE models run here too.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+import mlx_lm_patch  # noqa: E402,F401
+
 
 # A deadline on each grove-batch-bench run (a hung runner fails its model
 # with its stderr instead of hanging the benchmark).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Grove's CUDA decode step against MLX's step (GROVE_FAST_DECODE=0) on small
 # random-weight models of every shape and weight format the step covers
-# (make_big_model.py: Llama, Mistral, Qwen3; bf16, 4- and 8-bit affine): the
+# (make_big_model.py: Llama, Mistral, Qwen3, Qwen3-MoE; bf16, 4- and 8-bit affine): the
 # first decode step's logits (largest difference, against their spread) and
 # how many greedy tokens agree. Random weights give flat logits, so a
 # rounding difference can change a token where two are within it; the logits
@@ -9,7 +9,7 @@
 # (tests/bench/README.md); CHECK_MODELS and MAX_TOKENS change the run.
 set -euo pipefail
 . tests/bench/gpu_env.sh
-MODELS=${CHECK_MODELS:-llama-small llama-small:q4 llama-small:q8 mistral-small mistral-small:q4 qwen3-small qwen3-small:q4 qwen3-small:q8}
+MODELS=${CHECK_MODELS:-llama-small llama-small:q4 llama-small:q8 mistral-small mistral-small:q4 qwen3-small qwen3-small:q4 qwen3-small:q8 qwen3-moe-small:q4 qwen3-moe-small:q8}
 N=${MAX_TOKENS:-64}
 ids=$(python3 -c "import random; random.seed(0); print(','.join(str(random.randrange(5, 1000)) for _ in range(100)))")
 for m in $MODELS; do

@@ -3,8 +3,9 @@
     python3 make_big_model.py OUT_DIR SHAPE [--q4 | --q8] [--tokenizer-from DIR]
 
 SHAPE is `llama-8b` (Llama 3 8B), `llama-1b` (Llama 3.2 1B), `qwen3-4b` (Qwen3 4B) or `qwen3-30b-a3b`
-(Qwen3-30B-A3B: 128 experts, 8 per token; `--q4` only, its routers 8-bit as
-mlx-lm's converter leaves them). Weights are bf16 (or MLX affine 4-bit, group
+(Qwen3-30B-A3B: 128 experts, 8 per token; `--q4` or `--q8` only, its routers 8-bit as
+mlx-lm's converter leaves them), or a small shape (`llama-small`, `mistral-small`,
+`qwen3-small`, `qwen3-moe-small`) for gpu_decode_check.sh. Weights are bf16 (or MLX affine 4-bit, group
 64, with bf16 scales and biases, as mlx-community checkpoints are) in the
 HF/MLX layout Grove and mlx-lm load (experts stacked as mlx-lm saves them). Only torch (GPU if
 present), numpy and safetensors are needed, so this runs on a GPU host without
@@ -66,6 +67,28 @@ SHAPES = {
         "rope_theta": 1000000.0,
         "max_position_embeddings": 40960,
         "tie_word_embeddings": True,
+    },
+    # Qwen3-MoE's layout at a small size: 64 experts, 8 a token.
+    "qwen3-moe-small": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "hidden_size": 1024,
+        "num_hidden_layers": 4,
+        "intermediate_size": 3072,
+        "moe_intermediate_size": 512,
+        "num_experts": 64,
+        "num_experts_per_tok": 8,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "tie_word_embeddings": False,
     },
     # Qwen2.5-32B's sizes on Llama's layout (no q/k/v biases).
     "llama-32b": {
@@ -194,12 +217,12 @@ def layer_tensors(cfg: dict, i: int, q4: bool) -> dict:
     linear(t, f"{p}.self_attn.v_proj", kv * hd, h, q4)
     linear(t, f"{p}.self_attn.o_proj", h, heads * hd, q4)
     if cfg["model_type"] == "qwen3_moe":
-        # The router 8-bit, the experts stacked 4-bit (mlx-lm's layout).
+        # The router 8-bit, the experts stacked 4- or 8-bit (mlx-lm's layout).
         e, mi = cfg["num_experts"], cfg["moe_intermediate_size"]
         for key, value in packed(e, h, bits=8).items():
             t[f"{p}.mlp.gate.{key}"] = value
         for name, rows, cols in (("gate_proj", mi, h), ("up_proj", mi, h), ("down_proj", h, mi)):
-            for key, value in packed(rows, cols, experts=e).items():
+            for key, value in packed(rows, cols, bits=q4, experts=e).items():
                 t[f"{p}.mlp.switch_mlp.{name}.{key}"] = value
     else:
         linear(t, f"{p}.mlp.gate_proj", inter, h, q4)
@@ -224,7 +247,7 @@ def main() -> None:
     args.q4 = args.bits
     cfg = dict(SHAPES[args.shape], torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2)
     if cfg["model_type"] == "qwen3_moe" and not args.q4:
-        ap.error("the expert shape is made 4-bit only (--q4)")
+        ap.error("the expert shapes are made quantized only (--q4, --q8)")
     if args.q4:
         cfg["quantization"] = {"group_size": GROUP, "bits": args.bits, "mode": "affine"}
         if cfg["model_type"] == "qwen3_moe":

@@ -1,8 +1,10 @@
 //! Grove's CUDA decode step: a whole decode step of a plain pre-norm decoder
 //! (Llama, Mistral, Qwen3: float16/bfloat16 weights or MLX's affine 4- and
 //! 8-bit quantization, without biases; SiLU MLPs, full attention with
-//! full-precision keys and values) as one MLX
-//! graph node that launches 5 kernels per layer (`mlx-link/cuda/decode.cu`),
+//! full-precision keys and values; Qwen3-MoE's routed experts, quantized)
+//! as one MLX
+//! graph node that launches 5 kernels per layer (8 with routed experts:
+//! `mlx-link/cuda/decode.cu`, `decode_moe.cuh`),
 //! captured once per batch size as a CUDA graph and replayed.
 //!
 //! Why: at batch 1 MLX's CUDA backend spends 5-9 us of host time per
@@ -16,7 +18,8 @@
 //! runner opens it when MLX's device is a CUDA GPU (`GROVE_CUDA_DECODE_LIB`
 //! names another path). Batches of dense models take up to [`MAX_ROWS`] rows
 //! (their products on tensor cores); quantized ones as many as fit its
-//! products' shared memory (2 on Llama-1B 4-bit, 1 on Llama-8B 4-bit).
+//! products' shared memory (2 on Llama-1B 4-bit, 1 on Llama-8B 4-bit; with
+//! routed experts twice as much, 8 rows on Qwen3-30B-A3B 4-bit).
 //! Without it, with `GROVE_FAST_DECODE=0`, for a model or a batch it does not
 //! cover (more rows than that; other quantization modes, quantized or
 //! windowed caches, a model split over ranks), the step is MLX's, as
@@ -30,6 +33,7 @@ use mlx_rs::{Array, Stream};
 
 use super::attention::PlainAttention;
 use super::cuda_qmv::on_cuda_gpu;
+use super::moe::MoeShape;
 use crate::cache::DecodeSlots;
 
 /// The model's sizes, as `Dims` in decode.cu.
@@ -51,6 +55,11 @@ pub struct FastDims {
     pub qk_norm: i32,
     pub tied: i32,
     pub has_freqs: i32,
+    /// Routed experts on every layer (0: dense MLPs); `intermediate` is
+    /// then each expert's.
+    pub experts: i32,
+    pub top_k: i32,
+    pub moe_normalize: i32,
 }
 
 /// One matrix as the step takes it.
@@ -225,12 +234,30 @@ fn lib() -> Option<&'static Lib> {
     .as_ref()
 }
 
+/// A sparse block's parts (Qwen3-MoE: softmax routing, no shared expert):
+/// the router and each projection's matrices stacked per expert.
+pub(crate) struct FastExperts<'a> {
+    pub router: DecodeMat<'a>,
+    pub gate: DecodeMat<'a>,
+    pub up: DecodeMat<'a>,
+    pub down: DecodeMat<'a>,
+    pub shape: MoeShape,
+}
+
+/// A layer's feed-forward part.
+pub(crate) enum FastMlp<'a> {
+    /// A SiLU MLP: gate, up, down.
+    Dense(DecodeMat<'a>, DecodeMat<'a>, DecodeMat<'a>),
+    /// Routed experts.
+    Experts(FastExperts<'a>),
+}
+
 /// One layer's parts, as the decoder hands them over.
 pub(crate) struct FastLayer<'a> {
     pub input_norm: (&'a Array, f32),
     pub attention: PlainAttention<'a>,
     pub post_norm: (&'a Array, f32),
-    pub mlp: (DecodeMat<'a>, DecodeMat<'a>, DecodeMat<'a>),
+    pub mlp: FastMlp<'a>,
 }
 
 /// A plan of the step over one model's weights.
@@ -255,18 +282,22 @@ impl Drop for FastDecode {
 
 impl FastDecode {
     /// Makes the plan, or says (on stderr, once per model) why the model is
-    /// not covered. `head` is `None` for tied embeddings.
+    /// not covered. `head` is `None` for tied embeddings. Layers are all
+    /// dense or all of routed experts, each of one shape.
     pub(crate) fn new(
         embed: DecodeMat<'_>,
         final_norm: (&Array, f32),
         head: Option<DecodeMat<'_>>,
         layers: &[FastLayer<'_>],
         vocab: i32,
-        intermediate: i32,
     ) -> Option<Self> {
         let lib = lib()?;
         let first = layers.first()?;
         let a = &first.attention;
+        let (intermediate, moe) = match &first.mlp {
+            FastMlp::Dense(g, ..) => (g.rows(), None),
+            FastMlp::Experts(e) => (e.shape.intermediate, Some(e.shape)),
+        };
         let (dims, base, rope_scale, freqs) = a.rope.plain()?;
         if dims != a.shape.head_dim {
             return None;
@@ -287,6 +318,9 @@ impl FastDecode {
             qk_norm: a.qk_norm.is_some() as i32,
             tied: head.is_none() as i32,
             has_freqs: freqs.is_some() as i32,
+            experts: moe.map_or(0, |s| s.experts),
+            top_k: moe.map_or(0, |s| s.top_k),
+            moe_normalize: moe.is_some_and(|s| s.normalize) as i32,
         };
         let mut mats: Vec<MatIn> = vec![embed.raw()];
         mats.extend(head.map(|h| h.raw()));
@@ -301,7 +335,16 @@ impl FastDecode {
             if !same_shape || l.input_norm.1 != d.rms_eps || l.post_norm.1 != d.rms_eps {
                 return None;
             }
-            mats.extend([at.q, at.k, at.v, at.o, l.mlp.0, l.mlp.1, l.mlp.2].map(|m| m.raw()));
+            mats.extend([at.q, at.k, at.v, at.o].map(|m| m.raw()));
+            match &l.mlp {
+                FastMlp::Dense(g, u, dn) if moe.is_none() => {
+                    mats.extend([g, u, dn].map(|m| m.raw()));
+                }
+                FastMlp::Experts(e) if Some(e.shape) == moe => {
+                    mats.extend([e.gate, e.up, e.down, e.router].map(|m| m.raw()));
+                }
+                _ => return None,
+            }
             vecs.extend([l.input_norm.0, l.post_norm.0]);
             if let Some(((qn, qe), (kn, ke))) = at.qk_norm {
                 if qe != d.qk_eps || ke != d.qk_eps {

@@ -12,7 +12,7 @@ use mlx_rs::Array;
 use mlx_rs::error::Exception;
 
 use super::attention::{Attention, AttentionShape};
-use super::cuda_decode::{FastDecode, FastLayer};
+use super::cuda_decode::{FastDecode, FastLayer, FastMlp};
 use super::embedding::Embedding;
 use super::gated_delta::{DeltaShape, GatedDeltaNet};
 use super::linear::Linear;
@@ -323,7 +323,8 @@ impl Decoder {
 
     /// Grove's CUDA decode step for this model, where it is wanted
     /// ([`super::cuda_decode::wanted`]) and covers the model: plain
-    /// attention on every layer, dense SiLU MLPs, no biases, one rank.
+    /// attention on every layer, dense SiLU MLPs or routed quantized
+    /// experts without a shared one, no biases, one rank.
     pub fn fast_decode(&self) -> Option<&FastDecode> {
         self.fast
             .get_or_init(|| {
@@ -335,15 +336,21 @@ impl Decoder {
                 }
                 let mut layers = Vec::with_capacity(self.blocks.len());
                 for b in &self.blocks {
-                    let (Mixer::Attention(a), FeedForward::Dense(m)) = (&b.attention, &b.mlp)
-                    else {
+                    let Mixer::Attention(a) = &b.attention else {
                         return None;
+                    };
+                    let mlp = match &b.mlp {
+                        FeedForward::Dense(m) => {
+                            let (g, u, d) = m.plain_silu()?;
+                            FastMlp::Dense(g, u, d)
+                        }
+                        FeedForward::Sparse(m) => FastMlp::Experts(m.decode_parts()?),
                     };
                     layers.push(FastLayer {
                         input_norm: b.input_norm.weight_eps(),
                         attention: a.plain_parts()?,
                         post_norm: b.post_norm.weight_eps(),
-                        mlp: m.plain_silu()?,
+                        mlp,
                     });
                 }
                 let embed = self.embed.decode_matrix()?;
@@ -352,15 +359,7 @@ impl Decoder {
                     None => None,
                 };
                 let vocab = head.unwrap_or(embed).rows();
-                let intermediate = layers.first()?.mlp.0.rows();
-                FastDecode::new(
-                    embed,
-                    self.norm.weight_eps(),
-                    head,
-                    &layers,
-                    vocab,
-                    intermediate,
-                )
+                FastDecode::new(embed, self.norm.weight_eps(), head, &layers, vocab)
             })
             .as_ref()
     }

@@ -9,6 +9,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp, take_along_axis};
 use mlx_rs::ops::{argpartition_axis, sigmoid, softmax_axis};
 
+use super::cuda_decode::FastExperts;
 use super::linear::Linear;
 use super::mlp::{Activation, Mlp, MlpShape};
 use super::switch::{GluShape, SwitchGlu};
@@ -150,6 +151,22 @@ impl SparseMoe {
     /// `top_k / experts`).
     pub fn expert_parameters(&self) -> Vec<&Array> {
         self.experts.parameters()
+    }
+
+    /// The block as Grove's CUDA decode step takes it, where it covers it:
+    /// no shared expert, a bias-free router, quantized SiLU experts.
+    pub(crate) fn decode_parts(&self) -> Option<FastExperts<'_>> {
+        if self.shared.is_some() {
+            return None;
+        }
+        let [gate, up, down] = self.experts.decode_matrices()?;
+        Some(FastExperts {
+            router: self.router.decode_matrix()?,
+            gate,
+            up,
+            down,
+            shape: self.shape,
+        })
     }
 
     /// The block's shape.

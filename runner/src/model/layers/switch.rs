@@ -7,6 +7,7 @@ use mlx_rs::Array;
 use mlx_rs::error::Exception;
 use mlx_rs::ops::{argsort_axis, gather_mm, stack, unflatten};
 
+use super::cuda_decode::DecodeMat;
 use super::linear::Packed;
 use super::mlp::{Activation, gated};
 use super::quant_ops::gather_qmm;
@@ -104,6 +105,15 @@ impl SwitchLinear {
         match &self.bias {
             Some(b) => y.add(b.take_axis(indices, 0)?.expand_dims(-2)?),
             None => Ok(y),
+        }
+    }
+
+    /// The stacked matrices as Grove's CUDA decode step takes them: affine
+    /// 4- or 8-bit, without biases (it covers only those).
+    pub(crate) fn decode_matrix(&self) -> Option<DecodeMat<'_>> {
+        match (&self.matrix, &self.bias) {
+            (Matrix::Quantized(p), None) => p.decode_matrix(),
+            _ => None,
         }
     }
 
@@ -226,6 +236,19 @@ impl SwitchGlu {
             None => y,
         };
         y.squeeze_axes(&[-2])
+    }
+
+    /// Gate, up and down as Grove's CUDA decode step takes them, where it
+    /// covers them (SiLU, quantized, no biases).
+    pub(crate) fn decode_matrices(&self) -> Option<[DecodeMat<'_>; 3]> {
+        if !matches!(self.activation, Activation::Silu) {
+            return None;
+        }
+        Some([
+            self.gate.decode_matrix()?,
+            self.up.decode_matrix()?,
+            self.down.decode_matrix()?,
+        ])
     }
 
     /// The arrays this block holds.
