@@ -252,6 +252,15 @@ pub(crate) enum FastMlp<'a> {
     Experts(FastExperts<'a>),
 }
 
+/// A decoder's weights as the step takes them (`head` `None`: tied).
+pub(crate) struct FastParts<'a> {
+    pub embed: DecodeMat<'a>,
+    pub final_norm: (&'a Array, f32),
+    pub head: Option<DecodeMat<'a>>,
+    pub vocab: i32,
+    pub layers: Vec<FastLayer<'a>>,
+}
+
 /// One layer's parts, as the decoder hands them over.
 pub(crate) struct FastLayer<'a> {
     pub input_norm: (&'a Array, f32),

@@ -12,7 +12,7 @@ use mlx_rs::Array;
 use mlx_rs::error::Exception;
 
 use super::attention::{Attention, AttentionShape};
-use super::cuda_decode::{FastDecode, FastLayer, FastMlp};
+use super::cuda_decode::{FastDecode, FastLayer, FastMlp, FastParts};
 use super::embedding::Embedding;
 use super::gated_delta::{DeltaShape, GatedDeltaNet};
 use super::linear::Linear;
@@ -331,37 +331,50 @@ impl Decoder {
                 if !super::cuda_decode::wanted() || self.shard.is_some() {
                     return None;
                 }
-                if self.kinds.iter().any(|k| *k != CacheKind::Full) {
-                    return None;
-                }
-                let mut layers = Vec::with_capacity(self.blocks.len());
-                for b in &self.blocks {
-                    let Mixer::Attention(a) = &b.attention else {
-                        return None;
-                    };
-                    let mlp = match &b.mlp {
-                        FeedForward::Dense(m) => {
-                            let (g, u, d) = m.plain_silu()?;
-                            FastMlp::Dense(g, u, d)
-                        }
-                        FeedForward::Sparse(m) => FastMlp::Experts(m.decode_parts()?),
-                    };
-                    layers.push(FastLayer {
-                        input_norm: b.input_norm.weight_eps(),
-                        attention: a.plain_parts()?,
-                        post_norm: b.post_norm.weight_eps(),
-                        mlp,
-                    });
-                }
-                let embed = self.embed.decode_matrix()?;
-                let head = match &self.lm_head {
-                    Some(h) => Some(h.decode_matrix()?),
-                    None => None,
-                };
-                let vocab = head.unwrap_or(embed).rows();
-                FastDecode::new(embed, self.norm.weight_eps(), head, &layers, vocab)
+                let p = self.fast_parts()?;
+                FastDecode::new(p.embed, p.final_norm, p.head, &p.layers, p.vocab)
             })
             .as_ref()
+    }
+
+    /// The weights the CUDA decode step takes, layer by layer, where every
+    /// layer is of a kind it covers (on any backend: which arrays go where
+    /// is plain Rust, tested on the CPU).
+    pub(crate) fn fast_parts(&self) -> Option<FastParts<'_>> {
+        if self.kinds.iter().any(|k| *k != CacheKind::Full) {
+            return None;
+        }
+        let mut layers = Vec::with_capacity(self.blocks.len());
+        for b in &self.blocks {
+            let Mixer::Attention(a) = &b.attention else {
+                return None;
+            };
+            let mlp = match &b.mlp {
+                FeedForward::Dense(m) => {
+                    let (g, u, d) = m.plain_silu()?;
+                    FastMlp::Dense(g, u, d)
+                }
+                FeedForward::Sparse(m) => FastMlp::Experts(m.decode_parts()?),
+            };
+            layers.push(FastLayer {
+                input_norm: b.input_norm.weight_eps(),
+                attention: a.plain_parts()?,
+                post_norm: b.post_norm.weight_eps(),
+                mlp,
+            });
+        }
+        let embed = self.embed.decode_matrix()?;
+        let head = match &self.lm_head {
+            Some(h) => Some(h.decode_matrix()?),
+            None => None,
+        };
+        Some(FastParts {
+            embed,
+            final_norm: self.norm.weight_eps(),
+            head,
+            vocab: head.unwrap_or(embed).rows(),
+            layers,
+        })
     }
 
     /// The dtype activations are computed in.
@@ -369,3 +382,7 @@ impl Decoder {
         self.norm.parameters()[0].dtype()
     }
 }
+
+#[cfg(test)]
+#[path = "decoder_fast_tests.rs"]
+mod fast_tests;
