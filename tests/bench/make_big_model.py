@@ -68,28 +68,6 @@ SHAPES = {
         "max_position_embeddings": 40960,
         "tie_word_embeddings": True,
     },
-    # Qwen3-MoE's layout at a small size: 64 experts, 8 a token.
-    "qwen3-moe-small": {
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "model_type": "qwen3_moe",
-        "hidden_size": 1024,
-        "num_hidden_layers": 4,
-        "intermediate_size": 3072,
-        "moe_intermediate_size": 512,
-        "num_experts": 64,
-        "num_experts_per_tok": 8,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        "norm_topk_prob": True,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 4,
-        "head_dim": 128,
-        "vocab_size": 151936,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "max_position_embeddings": 40960,
-        "tie_word_embeddings": False,
-    },
     # Qwen2.5-32B's sizes on Llama's layout (no q/k/v biases).
     "llama-32b": {
         "architectures": ["LlamaForCausalLM"],
@@ -170,6 +148,16 @@ SHAPES = {
         "max_position_embeddings": 40960,
         "tie_word_embeddings": False,
     },
+}
+
+# Qwen3-30B-A3B's layout at a small size: 64 experts of 512, 8 a token.
+SHAPES["qwen3-moe-small"] = {
+    **SHAPES["qwen3-30b-a3b"],
+    "hidden_size": 1024,
+    "num_hidden_layers": 4,
+    "moe_intermediate_size": 512,
+    "num_experts": 64,
+    "num_attention_heads": 16,
 }
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
