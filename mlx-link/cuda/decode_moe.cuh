@@ -65,7 +65,12 @@ __global__ void __launch_bounds__(256)
   for (int i = threadIdx.x; i < experts; i += blockDim.x) sum += __expf(prob[i] - m);
   const float inv = 1.f / block_reduce<false>(sum, red);
   __syncthreads();
-  for (int i = threadIdx.x; i < experts; i += blockDim.x) prob[i] = rt<T>(__expf(prob[i] - m) * inv);
+  // (A NaN ranks as -inf: the ranks stay a permutation, so every pick is
+  // written with an expert that exists, whatever the logits.)
+  for (int i = threadIdx.x; i < experts; i += blockDim.x) {
+    const float p = rt<T>(__expf(prob[i] - m) * inv);
+    prob[i] = isnan(p) ? -INFINITY : p;
+  }
   __syncthreads();
   for (int i = threadIdx.x; i < experts; i += blockDim.x) {
     const float p = prob[i];
