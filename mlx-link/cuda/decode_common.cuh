@@ -130,6 +130,12 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
 // MLX's sigmoid on T (unary_ops.cuh: 1 / (1 + exp(|x|)), mirrored for x > 0).
 template <class T>
 __device__ __forceinline__ float sigmoid_t(float x) {

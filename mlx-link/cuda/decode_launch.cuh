@@ -120,9 +120,8 @@ void launch_gemv(const GemvArgs& a, cudaStream_t s, int pairs = 1) {
     const int resident = grid_for(kernel, smem, 1 << 30, kGemvWarps * 32);
     blocks = std::clamp(resident / pairs, 1, groups);  // (one wave: a block an SM)
   }
-  GemvArgs all = a;
-  all.n = a.n * pairs;  // (for `dependent`: the bytes of all pairs)
-  launch(dependent(all, row_bytes, MODE), kernel, dim3(blocks, pairs), kGemvWarps * 32, smem, s, a);
+  // (`dependent` weighs the bytes of all pairs.)
+  launch(dependent(a, row_bytes * pairs, MODE), kernel, dim3(blocks, pairs), kGemvWarps * 32, smem, s, a);
 }
 
 // Two columns per warp where that still gives every SM a block (each x

@@ -20,21 +20,12 @@ namespace grove_fd {
 template <bool MAX>
 __device__ __forceinline__ float block_reduce(float v, float* scratch) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = (blockDim.x + 31) >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float u = __shfl_xor_sync(0xffffffffu, v, o);
-    v = MAX ? fmaxf(v, u) : v + u;
-  }
+  auto reduce = [](float x) { return MAX ? warp_max(x) : warp_sum(x); };
+  v = reduce(v);
   __syncthreads();  // scratch free from an earlier call
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  v = lane < warps ? scratch[lane] : (MAX ? -INFINITY : 0.f);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float u = __shfl_xor_sync(0xffffffffu, v, o);
-    v = MAX ? fmaxf(v, u) : v + u;
-  }
-  return v;
+  return reduce(lane < warps ? scratch[lane] : (MAX ? -INFINITY : 0.f));
 }
 
 // 4b. Each row's routing (a block per row, `experts` floats of dynamic

@@ -291,15 +291,16 @@ impl Drop for FastDecode {
 
 impl FastDecode {
     /// Makes the plan, or says (on stderr, once per model) why the model is
-    /// not covered. `head` is `None` for tied embeddings. Layers are all
-    /// dense or all of routed experts, each of one shape.
-    pub(crate) fn new(
-        embed: DecodeMat<'_>,
-        final_norm: (&Array, f32),
-        head: Option<DecodeMat<'_>>,
-        layers: &[FastLayer<'_>],
-        vocab: i32,
-    ) -> Option<Self> {
+    /// not covered. Layers are all dense or all of routed experts, each of
+    /// one shape.
+    pub(crate) fn new(parts: &FastParts<'_>) -> Option<Self> {
+        let FastParts {
+            embed,
+            final_norm,
+            head,
+            vocab,
+            ref layers,
+        } = *parts;
         let lib = lib()?;
         let first = layers.first()?;
         let a = &first.attention;

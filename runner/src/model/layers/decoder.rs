@@ -331,8 +331,7 @@ impl Decoder {
                 if !super::cuda_decode::wanted() || self.shard.is_some() {
                     return None;
                 }
-                let p = self.fast_parts()?;
-                FastDecode::new(p.embed, p.final_norm, p.head, &p.layers, p.vocab)
+                FastDecode::new(&self.fast_parts()?)
             })
             .as_ref()
     }
