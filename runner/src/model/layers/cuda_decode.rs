@@ -24,15 +24,14 @@
 //! cover (more rows than that; other quantization modes, quantized or
 //! windowed caches, a model split over ranks), the step is MLX's, as
 //! everywhere else.
-use std::ffi::{CStr, CString, c_char, c_int, c_void};
-use std::sync::OnceLock;
+use std::ffi::{c_int, c_void};
 
 use mlx_rs::error::Exception;
 use mlx_rs::transforms::async_eval;
 use mlx_rs::{Array, Stream};
 
 use super::attention::PlainAttention;
-use super::cuda_qmv::on_cuda_gpu;
+use super::cuda_lib::{Lib, lib};
 use super::moe::MoeShape;
 use crate::cache::DecodeSlots;
 
@@ -113,7 +112,7 @@ impl DecodeMat<'_> {
 
 /// decode.cu's `MatIn`.
 #[repr(C)]
-struct MatIn {
+pub(crate) struct MatIn {
     w: *mut c_void,
     scales: *mut c_void,
     biases: *mut c_void,
@@ -124,115 +123,6 @@ struct MatIn {
 /// Rows one step covers at most (decode.cu's `kMaxRows`: dense weights;
 /// quantized ones take up to `kGemvMaxRows`, 8, as their products fit).
 pub const MAX_ROWS: usize = 32;
-
-type NewFn = unsafe extern "C" fn(
-    *const FastDims,
-    *const MatIn,
-    c_int,
-    *const *mut c_void,
-    c_int,
-    *mut *mut c_void,
-) -> c_int;
-type StepFn = unsafe extern "C" fn(
-    *mut c_void,
-    *mut c_void,
-    *mut c_void,
-    *const *mut c_void,
-    c_int,
-    *const c_int,
-    *mut *mut c_void,
-) -> c_int;
-type FreeFn = unsafe extern "C" fn(*mut c_void);
-type ErrorFn = unsafe extern "C" fn() -> *const c_char;
-
-struct Lib {
-    new: NewFn,
-    step: StepFn,
-    free: FreeFn,
-    error: ErrorFn,
-}
-
-impl Lib {
-    fn last_error(&self) -> String {
-        // SAFETY: returns a pointer to a thread-local NUL-terminated string.
-        unsafe { CStr::from_ptr((self.error)()) }
-            .to_string_lossy()
-            .into_owned()
-    }
-}
-
-/// Whether the step is wanted: a CUDA GPU and not `GROVE_FAST_DECODE=0`.
-pub fn wanted() -> bool {
-    std::env::var("GROVE_FAST_DECODE").as_deref() != Ok("0") && on_cuda_gpu()
-}
-
-/// Where the library is: `GROVE_CUDA_DECODE_LIB`, else `libgrove_cuda.so`
-/// beside the runner (a source build), else the bare name, which `dlopen`
-/// looks up along the runner's RUNPATH (the `grove-llm-cuda` wheel puts it in
-/// `site-packages/grove_llm_cuda/`, a directory of that RUNPATH).
-fn library_path() -> std::path::PathBuf {
-    if let Some(p) = std::env::var_os("GROVE_CUDA_DECODE_LIB") {
-        return p.into();
-    }
-    let beside = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.join(LIB_NAME)));
-    match beside {
-        Some(p) if p.is_file() => p,
-        _ => LIB_NAME.into(),
-    }
-}
-
-const LIB_NAME: &str = "libgrove_cuda.so";
-
-/// The library, opened once (`None`, said once on stderr, when it cannot be).
-fn lib() -> Option<&'static Lib> {
-    static LIB: OnceLock<Option<Lib>> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let path = library_path();
-        let open = || -> Result<Lib, String> {
-            let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
-            // SAFETY: dlopen/dlsym with valid C strings; the handle is never
-            // closed, so the symbols stay valid for the process.
-            unsafe {
-                let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
-                if h.is_null() {
-                    let e = libc::dlerror();
-                    return Err(if e.is_null() {
-                        "dlopen failed".into()
-                    } else {
-                        CStr::from_ptr(e).to_string_lossy().into_owned()
-                    });
-                }
-                let sym = |name: &CStr| {
-                    let p = libc::dlsym(h, name.as_ptr());
-                    if p.is_null() {
-                        Err(format!("no symbol {name:?}"))
-                    } else {
-                        Ok(p)
-                    }
-                };
-                Ok(Lib {
-                    new: std::mem::transmute::<*mut c_void, NewFn>(sym(c"grove_fd_new")?),
-                    step: std::mem::transmute::<*mut c_void, StepFn>(sym(c"grove_fd_step")?),
-                    free: std::mem::transmute::<*mut c_void, FreeFn>(sym(c"grove_fd_free")?),
-                    error: std::mem::transmute::<*mut c_void, ErrorFn>(sym(c"grove_fd_error")?),
-                })
-            }
-        };
-        match open() {
-            Ok(l) => Some(l),
-            Err(e) => {
-                eprintln!(
-                    "grove-runner: CUDA decode step unavailable ({}: {e}); decoding with MLX's ops",
-                    path.display()
-                );
-                None
-            }
-        }
-    })
-    .as_ref()
-}
 
 /// A sparse block's parts (Qwen3-MoE: softmax routing, no shared expert):
 /// the router and each projection's matrices stacked per expert.

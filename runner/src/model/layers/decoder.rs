@@ -322,13 +322,13 @@ impl Decoder {
     }
 
     /// Grove's CUDA decode step for this model, where it is wanted
-    /// ([`super::cuda_decode::wanted`]) and covers the model: plain
+    /// ([`super::cuda_lib::wanted`]) and covers the model: plain
     /// attention on every layer, dense SiLU MLPs or routed quantized
     /// experts without a shared one, no biases, one rank.
     pub fn fast_decode(&self) -> Option<&FastDecode> {
         self.fast
             .get_or_init(|| {
-                if !super::cuda_decode::wanted() || self.shard.is_some() {
+                if !super::cuda_lib::wanted() || self.shard.is_some() {
                     return None;
                 }
                 FastDecode::new(&self.fast_parts()?)

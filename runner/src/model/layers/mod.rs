@@ -3,6 +3,7 @@ pub mod attention;
 pub mod cpu_fast;
 pub mod cpu_qmm;
 pub mod cuda_decode;
+pub mod cuda_lib;
 pub mod cuda_qmv;
 pub mod decoder;
 pub mod embedding;
