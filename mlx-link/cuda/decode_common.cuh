@@ -42,12 +42,6 @@ struct StepParams {
   void* vc[kMaxLayers];    // values, the same
 };
 
-__global__ void set_params(const StepParams p, StepParams* dst) {
-  const int* src = reinterpret_cast<const int*>(&p);
-  int* out = reinterpret_cast<int*>(dst);
-  for (int i = threadIdx.x; i < static_cast<int>(sizeof(StepParams) / 4); i += blockDim.x) out[i] = src[i];
-}
-
 template <class T>
 struct Num;
 template <>

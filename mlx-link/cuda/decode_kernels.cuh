@@ -26,6 +26,13 @@
 
 namespace grove_fd {
 
+// The step's changing inputs into device memory (first, in stream order).
+__global__ void set_params(const StepParams p, StepParams* dst) {
+  const int* src = reinterpret_cast<const int*>(&p);
+  int* out = reinterpret_cast<int*>(dst);
+  for (int i = threadIdx.x; i < static_cast<int>(sizeof(StepParams) / 4); i += blockDim.x) out[i] = src[i];
+}
+
 // ---- 2. Attention of the new token ---------------------------------------------
 
 struct AttnArgs {

@@ -17,13 +17,9 @@
 #include "decode_pipe.cuh"
 #include "decode_attend_gqa.cuh"
 #include "decode_moe.cuh"
+#include "launch_util.h"
 
 namespace grove_fd {
-
-inline void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("[grove decode] ") + what + ": " + cudaGetErrorString(e));
-}
 
 // Lets `kernel` take `bytes` of dynamic shared memory (with its static
 // shared memory, a block may then pass the default 48 KiB). Only ever
@@ -64,35 +60,10 @@ inline bool pdl = false;
 // Why the large ones lose was not found. GROVE_FD_PDL_MAX_MB changes it.
 inline size_t pdl_max_bytes = size_t{100} << 20;
 
-inline bool pdl_supported() {
-  int dev = 0, major = 0;
-  check(cudaGetDevice(&dev), "device");
-  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "device");
-  return major >= 9;
-}
-
 // Whether a product of `row_bytes` per output column (kGlu: per matrix)
 // is launched as a programmatic dependent (pdl, at most pdl_max_bytes).
 inline bool dependent(const GemvArgs& a, size_t row_bytes, int mode) {
   return pdl && static_cast<size_t>(a.n) * row_bytes * (mode == kGlu ? 2 : 1) <= pdl_max_bytes;
-}
-
-// kernel<<<grid, block, smem, s>>>(args...), launched as a programmatic
-// dependent of the stream's last kernel where `pdl` says so.
-template <class... P, class... A>
-void launch(bool dependent, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-            A&&... args) {
-  cudaLaunchConfig_t c{};
-  c.gridDim = grid;
-  c.blockDim = block;
-  c.dynamicSmemBytes = smem;
-  c.stream = s;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = dependent ? 1 : 0;
-  c.attrs = at;
-  c.numAttrs = 1;
-  check(cudaLaunchKernelEx(&c, kernel, std::forward<A>(args)...), "launch");
 }
 
 // As many blocks as the GPU holds at once (each then takes tiles or column

@@ -12,6 +12,7 @@
 #include "decode_in_place.h"
 #include "decode_launch.cuh"
 #include "decode_profile.h"
+#include "mlx_ptr.h"
 #include "mlx/array.h"
 #include "mlx/backend/cuda/device.h"
 
@@ -57,11 +58,8 @@ using grove_fd::pdl;
 using grove_fd::pdl_max_bytes;
 using grove_fd::pdl_supported;
 
-const void* ptr(const array& a) {
-  // offset() counts bytes, as MLX's own gpu_ptr takes it.
-  return static_cast<const char*>(static_cast<cu::CudaBuffer*>(const_cast<array&>(a).buffer().ptr())->data) + a.offset();
-}
-void* mut_ptr(array& a) { return const_cast<void*>(ptr(a)); }
+using grove_fd::mut_ptr;
+using grove_fd::ptr;
 
 // A matrix the plan keeps: dense in the model's dtype (bits 0) or Q-bit
 // affine with scales and biases in the model's dtype.
