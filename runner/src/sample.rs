@@ -249,10 +249,10 @@ impl Sampler {
 
     /// As mlx-lm: log-probabilities, then argmax or filters and a categorical draw.
     fn choose(&mut self, logits: &Array) -> MlxResult<Array> {
-        let mut x = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
         let (Some(inv_temp), Some(key)) = (self.inv_temp, self.key.as_mut()) else {
-            return argmax_axis(&x, -1, None);
+            return greedy_tokens(logits);
         };
+        let mut x = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
         if let Some(p) = self.top_p {
             x = apply_top_p(&x, p)?;
         }
@@ -357,6 +357,19 @@ fn scalar(value: f32, dtype: Dtype) -> MlxResult<Array> {
 
 /// mlx-lm's `apply_top_p`: drop the tokens whose strictly-more-likely tokens
 /// already hold at least `top_p` of the mass (ties at the threshold are kept).
+/// Each row's greedy token of `logits` (`[B, V]`): mlx-lm's
+/// `argmax(logits - logsumexp(logits))`, `[B]` uint32; on a CUDA GPU by
+/// Grove's greedy pick (one node of two kernels), else MLX's operations.
+pub fn greedy_tokens(logits: &Array) -> MlxResult<Array> {
+    if logits.ndim() == 2
+        && let Some(t) = crate::model::layers::cuda_pick::greedy_pick(logits)?
+    {
+        return Ok(t);
+    }
+    let x = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
+    argmax_axis(&x, -1, None)
+}
+
 fn apply_top_p(logprobs: &Array, top_p: f32) -> MlxResult<Array> {
     let sorted = sort_axis(logprobs, -1)?;
     let probs = sorted.as_dtype(Dtype::Float32)?.exp()?;

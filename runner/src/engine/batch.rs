@@ -7,7 +7,7 @@
 //! as soon as their token says so (their rows filtered out of the caches and
 //! of the step already in flight).
 use mlx_rs::ops::concatenate;
-use mlx_rs::ops::indexing::{TryIndexOp, argmax_axis};
+use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::{Array, Dtype};
 
@@ -18,6 +18,7 @@ use crate::error::{MlxPhase, Result};
 use crate::generate::FinishReason;
 use crate::logprobs::{PendingLogprob, token_logprobs};
 use crate::model::Model;
+use crate::sample::greedy_tokens;
 
 /// A sequence that left the batch, with how it ended.
 pub struct Left {
@@ -259,16 +260,10 @@ impl Batch {
             .all(|r| r.sampler.is_greedy() && !r.sampler.has_processors());
         let mut processed = Vec::new();
         let next = if plain {
-            argmax_axis(
-                logits
-                    .subtract(logits.logsumexp_axis(-1, true).phase("decode")?)
-                    .phase("decode")?,
-                -1,
-                None,
-            )
-            .phase("decode")?
-            .as_dtype(Dtype::Uint32)
-            .phase("decode")?
+            greedy_tokens(&logits)
+                .phase("decode")?
+                .as_dtype(Dtype::Uint32)
+                .phase("decode")?
         } else {
             let mut picked = Vec::with_capacity(self.rows.len());
             for (i, row) in self.rows.iter_mut().enumerate() {

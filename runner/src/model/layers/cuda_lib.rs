@@ -26,12 +26,15 @@ pub(crate) type StepFn = unsafe extern "C" fn(
 ) -> c_int;
 pub(crate) type FreeFn = unsafe extern "C" fn(*mut c_void);
 pub(crate) type ErrorFn = unsafe extern "C" fn() -> *const c_char;
+pub(crate) type PickFn = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut *mut c_void) -> c_int;
 
 pub(crate) struct Lib {
     pub new: NewFn,
     pub step: StepFn,
     pub free: FreeFn,
     error: ErrorFn,
+    /// The greedy pick (`cuda_pick.rs`); `None` in a library built before it.
+    pub pick: Option<PickFn>,
 }
 
 impl Lib {
@@ -99,6 +102,9 @@ pub(crate) fn lib() -> Option<&'static Lib> {
                     step: std::mem::transmute::<*mut c_void, StepFn>(sym(c"grove_fd_step")?),
                     free: std::mem::transmute::<*mut c_void, FreeFn>(sym(c"grove_fd_free")?),
                     error: std::mem::transmute::<*mut c_void, ErrorFn>(sym(c"grove_fd_error")?),
+                    pick: sym(c"grove_fd_pick")
+                        .ok()
+                        .map(|p| std::mem::transmute::<*mut c_void, PickFn>(p)),
                 })
             }
         };

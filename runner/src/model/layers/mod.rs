@@ -4,6 +4,7 @@ pub mod cpu_fast;
 pub mod cpu_qmm;
 pub mod cuda_decode;
 pub mod cuda_lib;
+pub mod cuda_pick;
 pub mod cuda_qmv;
 pub mod decoder;
 pub mod embedding;
