@@ -355,8 +355,6 @@ fn scalar(value: f32, dtype: Dtype) -> MlxResult<Array> {
     }
 }
 
-/// mlx-lm's `apply_top_p`: drop the tokens whose strictly-more-likely tokens
-/// already hold at least `top_p` of the mass (ties at the threshold are kept).
 /// Each row's greedy token of `logits` (`[B, V]`): mlx-lm's
 /// `argmax(logits - logsumexp(logits))`, `[B]` uint32; on a CUDA GPU by
 /// Grove's greedy pick (one node of two kernels), else MLX's operations.
@@ -370,6 +368,8 @@ pub fn greedy_tokens(logits: &Array) -> MlxResult<Array> {
     argmax_axis(&x, -1, None)
 }
 
+/// mlx-lm's `apply_top_p`: drop the tokens whose strictly-more-likely tokens
+/// already hold at least `top_p` of the mass (ties at the threshold are kept).
 fn apply_top_p(logprobs: &Array, top_p: f32) -> MlxResult<Array> {
     let sorted = sort_axis(logprobs, -1)?;
     let probs = sorted.as_dtype(Dtype::Float32)?.exp()?;
