@@ -54,6 +54,11 @@ struct Num<__half> {
   static __device__ __forceinline__ float to(__half x) { return __half2float(x); }
   static __device__ __forceinline__ __half from(float x) { return __float2half_rn(x); }
 };
+template <>
+struct Num<float> {
+  static __device__ __forceinline__ float to(float x) { return x; }
+  static __device__ __forceinline__ float from(float x) { return x; }
+};
 
 // x rounded to T and back: what an MLX op that outputs T leaves.
 template <class T>

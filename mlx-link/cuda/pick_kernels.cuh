@@ -31,21 +31,7 @@ constexpr int kThreads = 256;
 constexpr int kPer = 16;                 // values a thread reads
 constexpr int kChunk = kThreads * kPer;  // values a block reads
 
-template <class T>
-struct Val {
-  static __device__ __forceinline__ float to(T x) { return static_cast<float>(x); }
-  static __device__ __forceinline__ T from(float x) { return static_cast<T>(x); }
-};
-template <>
-struct Val<__nv_bfloat16> {
-  static __device__ __forceinline__ float to(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __device__ __forceinline__ __nv_bfloat16 from(float x) { return __float2bfloat16_rn(x); }
-};
-template <>
-struct Val<__half> {
-  static __device__ __forceinline__ float to(__half x) { return __half2float(x); }
-  static __device__ __forceinline__ __half from(float x) { return __float2half_rn(x); }
-};
+using grove_fd::Num;
 
 // A running max and the sum of __expf(x - max) under it.
 struct MaxSum {
@@ -102,7 +88,7 @@ __global__ void __launch_bounds__(kThreads) lse_parts(const T* x, int n, MaxSum*
 #pragma unroll
   for (int j = 0; j < kPer; j++) {
     const int i = base + j * kThreads;
-    v[j] = i < n ? Val<T>::to(row[i]) : -INFINITY;
+    v[j] = i < n ? Num<T>::to(row[i]) : -INFINITY;
     m = fmaxf(m, v[j]);
   }
   float s = 0.f;
@@ -136,7 +122,7 @@ __global__ void __launch_bounds__(kThreads) argmax_row(const T* x, int n, const 
     for (int p = threadIdx.x; p < nparts; p += 32) r = merge(r, parts[b * nparts + p]);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) r = merge(r, shfl_xor(r, off));
-    if (threadIdx.x == 0) c = Val<T>::from(isinf(r.m) ? r.m : logf(r.s) + r.m);
+    if (threadIdx.x == 0) c = Num<T>::from(isinf(r.m) ? r.m : logf(r.s) + r.m);
   }
   __syncthreads();
   const T lse = c;
@@ -145,7 +131,7 @@ __global__ void __launch_bounds__(kThreads) argmax_row(const T* x, int n, const 
   for (int j = 0; j < kPer; j++) {
     const int i = base + j * kThreads;
     if (i < n) {
-      const float d = Val<T>::to(static_cast<T>(v[j] - lse));
+      const float d = Num<T>::to(static_cast<T>(v[j] - lse));
       if (d > mine.v) mine = {d, static_cast<uint32_t>(i)};
     }
   }
