@@ -6,10 +6,10 @@
 //! prefilled cache appended, their first token added to the input) and leave
 //! as soon as their token says so (their rows filtered out of the caches and
 //! of the step already in flight).
+use mlx_rs::Array;
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::TryIndexOp;
 use mlx_rs::transforms::{async_eval, eval};
-use mlx_rs::{Array, Dtype};
 
 use super::prompt_cache::Checkpoint;
 use super::sequence::{Progress, Sequence};
@@ -260,10 +260,7 @@ impl Batch {
             .all(|r| r.sampler.is_greedy() && !r.sampler.has_processors());
         let mut processed = Vec::new();
         let next = if plain {
-            greedy_tokens(&logits)
-                .phase("decode")?
-                .as_dtype(Dtype::Uint32)
-                .phase("decode")?
+            greedy_tokens(&logits).phase("decode")?
         } else {
             let mut picked = Vec::with_capacity(self.rows.len());
             for (i, row) in self.rows.iter_mut().enumerate() {
