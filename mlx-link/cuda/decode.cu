@@ -15,8 +15,9 @@
 //
 // Why: MLX's CUDA backend spends 5-9 us of host time per operation and a
 // decode step is 20 operations per layer, so at batch 1 the GPU waits for
-// the host. Here the host cost of a step is one graph node in MLX and two
-// launches (the parameters, the graph).
+// the host. Here the host cost of a step is 2 + 2 * layers graph nodes in
+// MLX, of which one launches (the parameters, then the graph), and the other
+// nodes only hand out its buffers ("The primitives" below).
 //
 // Built as its own library (libgrove_cuda.so, by nvcc, only for the CUDA
 // build) and opened by the runner with dlopen: the runner itself links no
@@ -217,18 +218,49 @@ void run_step(const Plan& p, int rows, cudaStream_t s) {
   check(cudaGetLastError(), "launch");
 }
 
-// ---- The primitive ------------------------------------------------------------
+// ---- The primitives ------------------------------------------------------------
+//
+// A step is 2 + 2L nodes, not one node with 1 + 2L outputs: MLX gives each
+// output of a node every other output as a sibling and every input, so a
+// node with n outputs costs n^2 array references to make, detach and drop
+// (measured alone against the CPU wheel's libmlx: 372 us a step for the 73
+// outputs of Qwen3-4B, 714 us for the 97 of Qwen3-30B-A3B; 20 and 27 us as
+// 2 + 2L nodes of one output each). The nodes:
+//  - DecodeKernels (inputs: tokens, then the caches): runs the kernels and
+//    writes each cache in place or into a copy (Written); output: the logits.
+//  - DecodeCache, one per cache (inputs: that cache, the kernels' logits):
+//    output: the cache as written, over Written's allocation. Not one per
+//    layer with two outputs: MLX would hold one of the two (as the other's
+//    sibling) once more than the other while the step runs, and
+//    decode_in_place.h needs one count for all.
+//  - DecodeJoin (inputs: the kernels' logits, then every DecodeCache):
+//    output: the logits, sharing the kernels' buffer, so evaluating the
+//    logits (as the engine does, through the sampled token) evaluates every
+//    cache node in the same evaluation, and MLX holds each written cache
+//    until the step completes, as it held the one node's outputs
+//    (decode_in_place.h counts on that).
+// None launches but DecodeKernels, whose launches go straight onto the
+// stream: the greedy pick (pick.cu) knows the join by its name.
+
+// Where one step's kernels wrote each cache: set by DecodeKernels, taken by
+// the cache nodes (an allocation no node took is freed with this).
+struct Written {
+  std::vector<std::shared_ptr<array::Data>> roots;  // per cache: the allocation
+  uint64_t step = 0;                                // KvInPlace's number of the step
+};
 
 // inputs: tokens [B] uint32, then each layer's keys and values buffers
-// [B, kv_heads, cap, D]; outputs: logits [B, vocab], then the buffers with
-// slot idx written (the inputs' own memory when nothing else shares it).
-class DecodeStep : public Primitive {
+// [B, kv_heads, cap, D]; output: logits [B, vocab]. Each buffer gets slot
+// idx written: the input's own memory when nothing else shares it
+// (decode_in_place.h), else a copy first, as MLX's own slice update does.
+class DecodeKernels : public Primitive {
  public:
-  DecodeStep(Stream s, std::shared_ptr<Plan> plan, int idx, std::vector<int> left)
-      : Primitive(s), plan_(std::move(plan)), idx_(idx), left_(std::move(left)) {}
+  DecodeKernels(Stream s, std::shared_ptr<Plan> plan, std::shared_ptr<Written> written, int idx,
+                std::vector<int> left)
+      : Primitive(s), plan_(std::move(plan)), written_(std::move(written)), idx_(idx), left_(std::move(left)) {}
 
   void eval_cpu(const std::vector<array>&, std::vector<array>&) override {
-    throw std::runtime_error("[GroveDecodeStep] runs on a CUDA GPU only");
+    throw std::runtime_error("[GroveDecodeKernels] runs on a CUDA GPU only");
   }
 
   void eval_gpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
@@ -240,27 +272,29 @@ class DecodeStep : public Primitive {
     outputs[0].set_data(allocator::malloc(outputs[0].nbytes()));
     std::vector<void*> kc, vc;
     const std::vector<char> alone = p.kv.alone(inputs, 1);
+    written_->roots.assign(inputs.size() - 1, nullptr);
+    written_->step = p.kv.steps();
     for (size_t i = 1; i < inputs.size(); i++) {
       const array& in = inputs[i];
-      array& out = outputs[i];
-      // Written in place when no other array holds this memory
-      // (decode_in_place.h); else a copy first, as MLX's own slice update
-      // does. In place, the output gets its own Data over the same buffer,
-      // keeping the allocation alive: sharing the input's Data would make
-      // the previous step's in-flight inputs (which MLX holds until that
-      // step completes) count as other holders, and every step would copy.
+      // In place, the cache node's output gets its own Data over the same
+      // buffer, keeping the allocation (its root) alive: sharing the input's
+      // Data would make the previous step's in-flight inputs (which MLX
+      // holds until that step completes) count as other holders, and every
+      // step would copy.
+      std::shared_ptr<array::Data> root;
+      void* at = nullptr;
       if (p.in_place && alone[i] && in.flags().row_contiguous && in.offset() == 0) {
-        std::shared_ptr<array::Data> root = p.kv.root_of(in);
-        out.set_data(in.buffer(), [root](allocator::Buffer) {});
-        p.kv.record(out, std::move(root));
+        root = p.kv.root_of(in);
+        at = mut_ptr(const_cast<array&>(in));
       } else {
-        out.set_data(allocator::malloc(out.nbytes()));
-        check(cudaMemcpyAsync(mut_ptr(out), ptr(in), out.nbytes(), cudaMemcpyDeviceToDevice, s),
-              "cache copy");
-        p.kv.record(out, out.data_shared_ptr());
+        array copy(allocator::malloc(in.nbytes()), in.shape(), in.dtype());
+        at = mut_ptr(copy);
+        check(cudaMemcpyAsync(at, ptr(in), in.nbytes(), cudaMemcpyDeviceToDevice, s), "cache copy");
+        root = copy.data_shared_ptr();
         p.prof.copies++;
       }
-      (i % 2 ? kc : vc).push_back(mut_ptr(out));
+      written_->roots[i - 1] = std::move(root);
+      (i % 2 ? kc : vc).push_back(at);
     }
     p.prof.mark(s, Profile::kCopy);
     // The step's changing inputs, then its kernels: replayed from the graph
@@ -307,14 +341,62 @@ class DecodeStep : public Primitive {
     p.prof.end();
   }
 
-  const char* name() const override { return "GroveDecodeStep"; }
+  const char* name() const override { return "GroveDecodeKernels"; }
   bool is_equivalent(const Primitive&) const override { return false; }
 
  private:
   std::shared_ptr<Plan> plan_;
+  std::shared_ptr<Written> written_;
   int idx_;
   std::vector<int> left_;
 };
+
+// inputs: one cache as the step found it, the kernels' logits; output: the
+// cache as DecodeKernels wrote it.
+class DecodeCache : public Primitive {
+ public:
+  DecodeCache(Stream s, std::shared_ptr<Plan> plan, std::shared_ptr<Written> written, int i)
+      : Primitive(s), plan_(std::move(plan)), written_(std::move(written)), i_(i) {}
+
+  void eval_cpu(const std::vector<array>&, std::vector<array>&) override {
+    throw std::runtime_error("[GroveDecodeCache] runs on a CUDA GPU only");
+  }
+
+  void eval_gpu(const std::vector<array>&, std::vector<array>& outputs) override {
+    if (static_cast<size_t>(i_) >= written_->roots.size() || !written_->roots[i_])
+      throw std::runtime_error("[GroveDecodeCache] the step's kernels did not run");
+    std::shared_ptr<array::Data> root = std::move(written_->roots[i_]);
+    outputs[0].set_data(root->buffer, [root](allocator::Buffer) {});
+    plan_->kv.record(outputs[0], std::move(root), written_->step);
+  }
+
+  const char* name() const override { return "GroveDecodeCache"; }
+  bool is_equivalent(const Primitive&) const override { return false; }
+
+ private:
+  std::shared_ptr<Plan> plan_;
+  std::shared_ptr<Written> written_;
+  int i_;
+};
+
+// inputs: the kernels' logits, then every cache node; output: the logits.
+// The greedy pick (pick.cu) takes logits made by this name as on the stream.
+class DecodeJoin : public Primitive {
+ public:
+  explicit DecodeJoin(Stream s) : Primitive(s) {}
+
+  void eval_cpu(const std::vector<array>&, std::vector<array>&) override {
+    throw std::runtime_error("[GroveDecodeStep] runs on a CUDA GPU only");
+  }
+
+  void eval_gpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
+    outputs[0].copy_shared_buffer(inputs[0]);
+  }
+
+  const char* name() const override { return "GroveDecodeStep"; }
+  bool is_equivalent(const Primitive&) const override { return false; }
+};
+
 
 thread_local std::string last_error;
 
@@ -503,7 +585,8 @@ void grove_fd_free(void* plan) { delete static_cast<std::shared_ptr<Plan>*>(plan
 // [B] uint32 (evaluated), `caches` 2 * layers buffers [B, kv_heads, cap, D]
 // (evaluated; keys then values per layer) with room at slot `idx`; row b's
 // keys start at `left[b]`. Writes 1 + 2 * layers new arrays into `outs`:
-// logits [B, vocab], then the caches. 0: done; 1: not covered (nothing made);
+// logits [B, vocab] (the join node), then the caches (the cache nodes), as
+// "The primitives" above. 0: done; 1: not covered (nothing made);
 // 2: more rows than this model's step takes (nothing made; MLX's step);
 // 3: an input is not evaluated yet (evaluate them, then call again).
 int grove_fd_step(void* plan, void* stream, void* tokens, void* const* caches, int idx,
@@ -518,8 +601,6 @@ int grove_fd_step(void* plan, void* stream, void* tokens, void* const* caches, i
     if (rows < 1) return fail("no rows");
     if (rows > p->max_rows) return 2;
     std::vector<array> inputs{tok};
-    std::vector<Shape> shapes{{rows, d.vocab}};
-    std::vector<Dtype> dtypes{p->dtype};
     for (int i = 0; i < 2 * d.layers; i++) {
       const array& c = *static_cast<const array*>(caches[i]);
       if (c.ndim() != 4 || c.shape(0) != rows || c.shape(1) != d.kv_heads || c.shape(3) != d.head_dim ||
@@ -527,16 +608,23 @@ int grove_fd_step(void* plan, void* stream, void* tokens, void* const* caches, i
         return fail("a cache buffer has the wrong shape");
       if (!scheduled(c)) return 3;
       inputs.push_back(c);
-      shapes.push_back(c.shape());
-      dtypes.push_back(c.dtype());
     }
     std::vector<int> lp(left, left + rows);
     for (int v : lp)
       if (v > idx) return fail("left padding past the write slot");
     const Stream& s = *static_cast<const Stream*>(stream);
-    auto made = array::make_arrays(std::move(shapes), dtypes,
-                                   std::make_shared<DecodeStep>(s, p, idx, std::move(lp)), inputs);
-    for (size_t i = 0; i < made.size(); i++) outs[i] = new array(std::move(made[i]));
+    auto written = std::make_shared<Written>();
+    array logits(Shape{rows, d.vocab}, p->dtype,
+                 std::make_shared<DecodeKernels>(s, p, written, idx, std::move(lp)), inputs);
+    std::vector<array> joined{logits};
+    for (int i = 0; i < 2 * d.layers; i++) {
+      const array& c = inputs[i + 1];
+      joined.emplace_back(c.shape(), c.dtype(), std::make_shared<DecodeCache>(s, p, written, i),
+                          std::vector<array>{c, logits});
+    }
+    array step(Shape{rows, d.vocab}, p->dtype, std::make_shared<DecodeJoin>(s), joined);
+    outs[0] = new array(std::move(step));
+    for (size_t i = 1; i < joined.size(); i++) outs[i] = new array(std::move(joined[i]));
     return 0;
   } catch (const std::exception& e) {
     return fail(e.what());

@@ -36,9 +36,9 @@ class KvInPlace {
 
   // For each of ins[first..]: whether no array but the caller's holds its
   // memory. One more holder is MLX's while the step that made it still
-  // runs: MLX holds a step's outputs, one reference each, but for the output
-  // it evaluated the step for, which is the logits (the engine evaluates the
-  // sampled token). Every count is read before any event is queried: a step
+  // runs: MLX holds the inputs of a step's join node (decode.cu), which are
+  // its cache nodes' outputs, one reference each, until the step completes.
+  // Every count is read before any event is queried: a step
   // still running at the query ran when its outputs were counted, so MLX's
   // reference was among them and any other holder would make 3. Each step's
   // event is queried once (a step's inputs mostly come from one step).
@@ -72,11 +72,14 @@ class KvInPlace {
     return in.data_shared_ptr();
   }
 
-  // A cache output of the step being dispatched, over `root`'s allocation.
-  void record(const mlx::core::array& out, std::shared_ptr<Data> root) {
+  // The number the step being dispatched gets (its event's ring slot).
+  uint64_t steps() const { return steps_; }
+
+  // A cache written by step number `step` (steps()), over `root`'s allocation.
+  void record(const mlx::core::array& out, std::shared_ptr<Data> root, uint64_t step) {
     if (made_.size() > 4096)
       for (auto i = made_.begin(); i != made_.end();) i = i->second.root.expired() ? made_.erase(i) : std::next(i);
-    made_[out.data_shared_ptr().get()] = Made{root, steps_};
+    made_[out.data_shared_ptr().get()] = Made{root, step};
   }
 
   // The step's kernels are on `s`: its event, after them.
