@@ -5,12 +5,16 @@
 //! as one MLX
 //! graph node that launches 5 kernels per layer (8 with routed experts:
 //! `mlx-link/cuda/decode.cu`, `decode_moe.cuh`),
-//! captured once per batch size as a CUDA graph and replayed.
+//! captured once per batch size as a CUDA graph and replayed, plus a node per
+//! key or value buffer that hands out the buffer as written and a node that
+//! joins them to the logits (one node with an output per buffer cost MLX
+//! n^2 array references: decode.cu's "The primitives").
 //!
 //! Why: at batch 1 MLX's CUDA backend spends 5-9 us of host time per
 //! operation, ~20 per layer, and the GPU waits for the host (the H200 table
-//! in tests/bench/README.md). This step costs the host one graph node and a
-//! kernel launch per kernel.
+//! in tests/bench/README.md). This step costs the host two launches (its
+//! parameters, its graph) and the bookkeeping of 2 + 2 * layers nodes that
+//! launch nothing.
 //!
 //! The kernels live in their own library, `libgrove_cuda.so`, which the CUDA
 //! build makes with nvcc (`GROVE_BACKEND=cuda make build`) next to the binaries
