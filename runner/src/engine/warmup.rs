@@ -5,9 +5,20 @@
 //! process pays for them: on an H200 a Llama-8B's first prefill took 9.2 s
 //! on a fresh machine and 1.9 s with MLX's kernel cache on disk (see
 //! tests/bench/README.md). The runner runs one short generation (a prefill
-//! and a few greedy decode steps, the shapes a single request takes) on a
-//! throwaway cache at load, then drops it and empties MLX's buffer cache, so
-//! afterwards only the weights are held, as before. The CPU backend compiles
+//! and a few greedy decode steps, the shapes a single request takes) and two
+//! longer prefills on throwaway caches at load, then drops them and empties
+//! MLX's buffer cache, so afterwards only the weights are held, as before.
+//!
+//! Why three prompt lengths: MLX's CUDA backend compiles its quantized
+//! matmul (`qmm_sm80`, CUTLASS through NVRTC) once per tile height, 16, 32
+//! or 64 rows (the next power of two of the rows, clamped), and per bits. On
+//! an H200 with an empty kernel cache each took ~36 s (llama-small 4-bit: a
+//! 16-token warm-up 40.1 s, then the first 24-token prompt 36.4 s and the
+//! first 48-token one 36.2 s, the next ones 2-3 ms); with one length the
+//! user's first prompts of 17-32 and of 33 or more tokens each waited that
+//! long. With the kernel cache on disk the two extra prefills cost a load
+//! ~0.1-0.2 s each (loading their kernels), which the first requests paid
+//! before. The CPU backend compiles
 //! nothing at run time, so there it is skipped. `GROVE_WARMUP=0` skips it,
 //! `GROVE_WARMUP=1` runs it on any device.
 use std::time::{Duration, Instant};
@@ -16,8 +27,10 @@ use crate::error::{MlxPhase, Result};
 use crate::generate::{GenerateParams, generate};
 use crate::model::Model;
 
-/// Prompt tokens of the warm-up generation.
-const PROMPT: usize = 16;
+/// Prompt tokens of the warm-up generation, then of the two prefills: their
+/// prefills take 15, 31 and 63 rows (the last prompt token is decoded), one
+/// of each of MLX's quantized matmul tile heights.
+const PROMPTS: [usize; 3] = [16, 32, 64];
 
 /// Tokens it generates (the pipelined decode loop's shapes).
 const NEW_TOKENS: usize = 3;
@@ -48,12 +61,14 @@ pub fn warm_up_if_wanted(model: &Model, on_cpu: bool) -> Result<()> {
 pub fn warm_up(model: &Model) -> Result<Duration> {
     let start = Instant::now();
     let vocab = model.dims.vocab.max(1) as u32;
-    let prompt: Vec<u32> = (0..PROMPT as u32).map(|i| (7 + 31 * i) % vocab).collect();
-    let params = GenerateParams {
-        max_tokens: NEW_TOKENS,
-        ..GenerateParams::default()
-    };
-    generate(model, &prompt, &[], &params, |_| {})?;
+    for (i, len) in PROMPTS.into_iter().enumerate() {
+        let prompt: Vec<u32> = (0..len as u32).map(|i| (7 + 31 * i) % vocab).collect();
+        let params = GenerateParams {
+            max_tokens: if i == 0 { NEW_TOKENS } else { 1 },
+            ..GenerateParams::default()
+        };
+        generate(model, &prompt, &[], &params, |_| {})?;
+    }
     mlx_rs::memory::clear_cache().phase("warming up")?;
     Ok(start.elapsed())
 }
