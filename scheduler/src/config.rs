@@ -111,7 +111,11 @@ impl DaemonConfig {
             None => KeepAlive::For(Duration::from_secs(300)),
             Some(v) => KeepAlive::parse(&v).map_err(|m| invalid("GROVE_KEEP_ALIVE", &v, m))?,
         };
-        let load_timeout = duration("GROVE_LOAD_TIMEOUT", Duration::from_secs(300))?;
+        // Ten minutes: a runner's first load on a fresh CUDA machine also
+        // compiles MLX's quantized matmul at its warm-up, ~36 s per tile
+        // height and bit width on an H200 (three heights; a 4-bit model with
+        // 8-bit routers has six), besides reading the weights.
+        let load_timeout = duration("GROVE_LOAD_TIMEOUT", Duration::from_secs(600))?;
         let runner_timeout = duration("GROVE_RUNNER_TIMEOUT", Duration::from_secs(30))?;
         let runner_bin = runner_binary()?;
         let device = budget_memory(&runner_bin);
