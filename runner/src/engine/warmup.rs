@@ -64,7 +64,7 @@ pub fn warm_up(model: &Model) -> Result<Duration> {
     let start = Instant::now();
     let vocab = model.dims.vocab.max(1) as u32;
     for (i, len) in PROMPTS.into_iter().enumerate() {
-        let prompt: Vec<u32> = (0..len as u32).map(|i| (7 + 31 * i) % vocab).collect();
+        let prompt: Vec<u32> = (0..len as u32).map(|t| (7 + 31 * t) % vocab).collect();
         let params = GenerateParams {
             max_tokens: if i == 0 { NEW_TOKENS } else { 1 },
             ..GenerateParams::default()
