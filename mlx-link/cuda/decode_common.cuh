@@ -86,6 +86,16 @@ __device__ __forceinline__ void unpack8(const uint4 v, float out[8]) {
   }
 }
 
+// A 16-byte asynchronous copy into shared memory; `bytes` 0 fills zeros.
+__device__ __forceinline__ void cp16(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // Programmatic dependent launch (Hopper on): each kernel of the step is
 // launched while the one before it still runs. Before `wait_prior` a
 // kernel reads only what no kernel of the step writes (weights, the cache's
