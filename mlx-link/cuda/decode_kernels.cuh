@@ -198,15 +198,14 @@ template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
   constexpr int LPK = D / 16;        // lanes per key
   constexpr int G = 32 / LPK;        // keys per warp at a time
-  constexpr int GROUPS = kWarps * G;
   const int h = blockIdx.x, b = blockIdx.y, split = blockIdx.z, splits = gridDim.z;  // splits <= kSplits
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int group = a.heads / a.kv_heads, kvh = h / group;
   const AttnBlock<T, D> blk(a, b, kvh, split, splits);
   const int idx = blk.idx, pos = blk.pos, lo = blk.lo, hi = blk.hi;
   __shared__ float q[D], kn[D], vn[D];
-  __shared__ float gm[GROUPS], gl[GROUPS];
-  __shared__ float go[GROUPS][D + 1];
+  __shared__ float gm[kWarps], gl[kWarps];
+  __shared__ float go[kWarps][D + 1];
   const T* row = blk.row;
   T* kc = blk.kc;
   T* vc = blk.vc;
@@ -276,35 +275,50 @@ __global__ void __launch_bounds__(kWarps * 32) attend(const AttnArgs a) {
   // The o product may start now (not earlier: with many rows this grid
   // takes several waves, and its blocks would hold SMs the later waves need).
   release_next();
-  // 3. Merge the lane groups' partial softmaxes into this split's (o, m, l).
-  const int gi = warp * G + sub;
-  if (part == 0) {
-    gm[gi] = m;
-    gl[gi] = l;
-  }
+  // 3. Merge the lane groups' partial softmaxes into this split's (o, m, l):
+  //    first the warp's groups, pairwise by shuffles (a group without keys
+  //    has l = 0 and weighs nothing), then the block's warps, one partial a
+  //    warp in shared memory.
 #pragma unroll
-  for (int i = 0; i < 16; i++) go[gi][part * 16 + i] = o[i];
+  for (int off = LPK; off < 32; off <<= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, off), l2 = __shfl_xor_sync(0xffffffffu, l, off);
+    const float mm = fmaxf(m, m2);
+    const float f1 = l > 0.f ? exp2f(m - mm) : 0.f, f2 = l2 > 0.f ? exp2f(m2 - mm) : 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; i++) o[i] = o[i] * f1 + __shfl_xor_sync(0xffffffffu, o[i], off) * f2;
+    l = l * f1 + l2 * f2;
+    m = mm;
+  }
+  if (lane == 0) {
+    gm[warp] = m;
+    gl[warp] = l;
+  }
+  if (sub == 0) {
+#pragma unroll
+    for (int i = 0; i < 16; i++) go[warp][part * 16 + i] = o[i];
+  }
   __syncthreads();
   float M = -INFINITY;
 #pragma unroll
-  for (int g = 0; g < GROUPS; g++)
-    if (gl[g] > 0.f) M = fmaxf(M, gm[g]);
-  // Each group's weight exp2(m - M), once (0 for a group without keys).
-  __shared__ float gw[GROUPS];
-  if (threadIdx.x < GROUPS) gw[threadIdx.x] = gl[threadIdx.x] > 0.f ? exp2f(gm[threadIdx.x] - M) : 0.f;
+  for (int w = 0; w < kWarps; w++)
+    if (gl[w] > 0.f) M = fmaxf(M, gm[w]);
+  // Each warp's weight exp2(m - M), once (0 for a warp without keys).
+  __shared__ float gw[kWarps];
+  if (threadIdx.x < kWarps) gw[threadIdx.x] = gl[threadIdx.x] > 0.f ? exp2f(gm[threadIdx.x] - M) : 0.f;
   __syncthreads();
   float* mine = a.part + ((static_cast<int64_t>(b) * a.heads + h) * kSplits + split) * (D + 2);
   for (int j = threadIdx.x; j < D + 2; j += blockDim.x) {
     float v = 0.f;
     if (j < D) {
-#pragma unroll 8
-      for (int g = 0; g < GROUPS; g++)
-        if (gl[g] > 0.f) v += go[g][j] * gw[g];
+#pragma unroll
+      for (int w = 0; w < kWarps; w++)
+        if (gl[w] > 0.f) v += go[w][j] * gw[w];
     } else if (j == D) {
       v = M;
     } else {
-      for (int g = 0; g < GROUPS; g++)
-        if (gl[g] > 0.f) v += gl[g] * gw[g];
+#pragma unroll
+      for (int w = 0; w < kWarps; w++)
+        if (gl[w] > 0.f) v += gl[w] * gw[w];
     }
     mine[j] = v;
   }
