@@ -154,12 +154,19 @@ __device__ __forceinline__ int swz(int i) {
 __host__ __device__ constexpr size_t gemv_smem(int q, int rows, int k, int t_bytes) {
   return static_cast<size_t>(rows) * k * t_bytes + (q == 0 ? 0 : static_cast<size_t>(rows) * (k / (128 / q)) * 8);
 }
+// Past gemv_smem (16-byte aligned), NORM kernels keep the norm's weights
+// [k] in T, copied in before the wait: read after it, they would add a
+// round trip to memory (they leave L2 as the step streams its weights) to
+// every block's start.
+__host__ __device__ constexpr size_t gemv_norm_at(int q, int rows, int k, int t_bytes) {
+  return (gemv_smem(q, rows, k, t_bytes) + 15) / 16 * 16;
+}
 
 template <class T, int B, int R, int MODE, bool NORM, int Q, bool EXP = false>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   constexpr int NR = MODE == kGlu ? 2 * R : R;
   constexpr int V = Span<Q>::kVals, XV = Span<Q>::kXVecs;
-  extern __shared__ uint4 xs[];  // [rows][k / 8], then (Q) float [2][rows][k / V]
+  extern __shared__ uint4 xs[];  // [rows][k / 8], then (Q) float [2][rows][k / V], then (NORM) gemv_norm_at
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const T* x = static_cast<const T*>(a.x) + (EXP ? blockIdx.y / a.x_div * a.x_stride : 0);
   const int k8 = a.k / 8, kv = a.k / V;
@@ -217,6 +224,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
       if (ku < a.k) load_at(wr, sr, br, ku, pw[u], ps[u], pb[u]);
     }
   }
+  const uint4* nws = reinterpret_cast<const uint4*>(reinterpret_cast<const char*>(xs) +
+                                                     gemv_norm_at(Q, a.rows, a.k, sizeof(T)));
+  if constexpr (NORM) {
+    const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(nws));
+    const T* nw = static_cast<const T*>(a.norm);
+    for (int c = threadIdx.x; c < k8; c += blockDim.x) cp16(at + c * 16, nw + c * 8, 16);
+    cp_commit();
+  }
   // The next kernel may start as this one's blocks leave; x is the last
   // kernel's output.
   release_next();
@@ -227,6 +242,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
     const int b = i / k8, c = i - b * k8;
     xs[b * k8 + swz<XV>(c)] = *reinterpret_cast<const uint4*>(x + b * a.x_stride + c * 8);
   }
+  if constexpr (NORM) cp_wait<0>();
   __syncthreads();
   if constexpr (NORM) {
     __shared__ float part[kGemvWarps][B];
@@ -258,13 +274,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
       inv[threadIdx.x] = rsqrtf(t / a.k + a.eps);
     }
     __syncthreads();
-    const T* nw = static_cast<const T*>(a.norm);
     for (int i = threadIdx.x; i < a.rows * k8; i += blockDim.x) {
       const int b = i / k8, c = i - b * k8;
       float v[8], g[8];
       uint4& slot = xs[b * k8 + swz<XV>(c)];
       unpack8<T>(slot, v);
-      unpack8<T>(*reinterpret_cast<const uint4*>(nw + c * 8), g);
+      unpack8<T>(nws[c], g);
       // MLX's rms_norm: w * T(x * inv), each product rounded to T.
 #pragma unroll
       for (int j = 0; j < 8; j++) v[j] = g[j] * rt<T>(v[j] * inv[b]);

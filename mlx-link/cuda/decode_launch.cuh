@@ -81,7 +81,8 @@ int grid_for(K kernel, size_t smem, int work, int threads = kWarps * 32) {
 template <class T, int B, int R, int MODE, bool NORM, int Q, bool EXP = false>
 void launch_gemv(const GemvArgs& a, cudaStream_t s, int pairs = 1) {
   const int cols_per_block = kGemvWarps * R;
-  const size_t smem = gemv_smem(Q, a.rows, a.k, sizeof(T));
+  const size_t smem =
+      NORM ? gemv_norm_at(Q, a.rows, a.k, sizeof(T)) + a.k * sizeof(T) : gemv_smem(Q, a.rows, a.k, sizeof(T));
   auto kernel = gemv<T, B, R, MODE, NORM, Q, EXP>;
   allow_smem(kernel, smem);
   const int groups = (a.n + cols_per_block - 1) / cols_per_block;
