@@ -47,7 +47,7 @@ DEFAULT_MODEL := $(REAL)/SmolLM2-135M-Instruct
 PROFILE_DIR := $(if $(findstring --release,$(CARGO_FLAGS)),release,debug)
 BIN := $(CURDIR)/target/$(PROFILE_DIR)
 
-.PHONY: setup build run test bench fuzz lint fixtures real-models default-model wheel clean distclean
+.PHONY: setup build run test bench fuzz lint fixtures real-models default-model wheel clean distclean chain-ceiling
 
 setup: $(SETUP_TARGETS)
 
@@ -171,6 +171,13 @@ $(BUILD_EXTRA): mlx-link/cuda/decode.cu mlx-link/cuda/decode_kernels.cuh mlx-lin
 	  -I $(GROVE_HOME)/cuda/mlx/include -I $(GROVE_HOME)/cuda/mlx/include/cccl \
 	  mlx-link/cuda/decode.cu mlx-link/cuda/pick.cu -L $(GROVE_HOME)/cuda/mlx/lib -lmlx -L $(CUDA_TOOLS)/nvidia/cu13/lib \
 	  -Xlinker -rpath,'$$ORIGIN' -o $@
+
+# The ceiling of the CUDA step's structure (tests/bench/chain_ceiling.cu): a
+# diagnostic for the GPU host, built here and carried (tests/bench/README.md).
+chain-ceiling: $(GROVE_HOME)/.cuda-tools-stamp
+	@mkdir -p target
+	$(CUDA_TOOLS)/nvidia/cu13/bin/nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -cudart static \
+	  tests/bench/chain_ceiling.cu -L $(CUDA_TOOLS)/nvidia/cu13/lib -o target/chain_ceiling
 
 # Test models: tiny random-weight models and mlx-lm's reference outputs (its
 # sharded ones among them: no test starts an mlx-lm rank group).
