@@ -32,6 +32,8 @@
 #include <string>
 #include <vector>
 
+#include "../../mlx-link/cuda/launch_util.h"  // grove_fd::launch, as the step launches
+
 #define CK(e)                                                                               \
   do {                                                                                      \
     cudaError_t err_ = (e);                                                                 \
@@ -66,6 +68,26 @@ __device__ __forceinline__ uint32_t block_xor(uint32_t acc) {
   return all;
 }
 
+// A thread's next U loads of vectors [0, n) of w, from i, stride apart.
+template <int U>
+__device__ __forceinline__ void ask(const uint4* w, size_t i, size_t stride, size_t n, uint4 (&r)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; u++) r[u] = i + u * stride < n ? ld_stream(w + i + u * stride) : make_uint4(0, 0, 0, 0);
+}
+
+// The loads in r into acc, then the thread's rest of [0, n), U at a time.
+template <int U>
+__device__ __forceinline__ uint32_t drain(const uint4* w, size_t i, size_t stride, size_t n, uint4 (&r)[U],
+                                          uint32_t acc) {
+  for (;;) {
+#pragma unroll
+    for (int u = 0; u < U; u++) acc += fold(r[u]);
+    i += U * stride;
+    if (i >= n) return acc;
+    ask<U>(w, i, stride, n, r);
+  }
+}
+
 // One kernel of the chain: vectors [0, n) of w, grid-strided, U loads in
 // flight a thread; `dep`: a programmatic dependent (first loads, then the
 // wait). `prev` is the kernel before's output, read after the wait.
@@ -73,22 +95,13 @@ template <int U>
 __global__ void __launch_bounds__(kThreads) stream(const uint4* w, size_t n, const uint32_t* prev,
                                                    uint32_t* out, int dep) {
   const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
-  size_t i = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const size_t i = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
   uint4 r[U];
-#pragma unroll
-  for (int u = 0; u < U; u++) r[u] = i + u * stride < n ? ld_stream(w + i + u * stride) : make_uint4(0, 0, 0, 0);
+  ask<U>(w, i, stride, n, r);
   if (dep) asm volatile("griddepcontrol.wait;" ::: "memory");
   uint32_t acc = prev ? prev[blockIdx.x & 63] : 0u;
   if (dep) asm volatile("griddepcontrol.launch_dependents;" :::);
-  for (;;) {
-#pragma unroll
-    for (int u = 0; u < U; u++) acc += fold(r[u]);
-    i += U * stride;
-    if (i >= n) break;
-#pragma unroll
-    for (int u = 0; u < U; u++) r[u] = i + u * stride < n ? ld_stream(w + i + u * stride) : make_uint4(0, 0, 0, 0);
-  }
-  acc = block_xor(acc);
+  acc = block_xor(drain<U>(w, i, stride, n, r, acc));
   if (threadIdx.x == 0) out[blockIdx.x & 63] = acc;
 }
 
@@ -107,10 +120,9 @@ __global__ void __launch_bounds__(kThreads) persist(const Phase* phases, int cou
   for (int p = 0; p < count; p++) {
     const uint4* w = phases[p].w;
     const size_t n = phases[p].n;
-    size_t i = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
+    const size_t i = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
     uint4 r[U];
-#pragma unroll
-    for (int u = 0; u < U; u++) r[u] = i + u * stride < n ? ld_stream(w + i + u * stride) : make_uint4(0, 0, 0, 0);
+    ask<U>(w, i, stride, n, r);
     if (p > 0) {
       __syncthreads();
       if (threadIdx.x == 0) {
@@ -124,16 +136,7 @@ __global__ void __launch_bounds__(kThreads) persist(const Phase* phases, int cou
       __syncthreads();
       acc += out[(blockIdx.x + 1) & 63];
     }
-    for (;;) {
-#pragma unroll
-      for (int u = 0; u < U; u++) acc += fold(r[u]);
-      i += U * stride;
-      if (i >= n) break;
-#pragma unroll
-      for (int u = 0; u < U; u++)
-        r[u] = i + u * stride < n ? ld_stream(w + i + u * stride) : make_uint4(0, 0, 0, 0);
-    }
-    acc = block_xor(acc);
+    acc = block_xor(drain<U>(w, i, stride, n, r, acc));
     if (threadIdx.x == 0) out[blockIdx.x & 63] = acc;
   }
 }
@@ -207,16 +210,7 @@ float time_mode(const std::string& mode, const Chain& c, int blocks, int steps, 
       const bool dep = mode == "pdl";
       const uint32_t* prev = nullptr;
       for (const Phase& p : c.phases) {
-        cudaLaunchConfig_t cfg{};
-        cfg.gridDim = dim3(blocks);
-        cfg.blockDim = dim3(kThreads);
-        cfg.stream = st;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = dep ? 1 : 0;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        CK(cudaLaunchKernelEx(&cfg, stream<U>, p.w, p.n, prev, out, dep ? 1 : 0));
+        grove_fd::launch(dep, stream<U>, dim3(blocks), dim3(kThreads), 0, st, p.w, p.n, prev, out, dep ? 1 : 0);
         prev = out;
       }
     }
