@@ -45,6 +45,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cuda_only.h"
 #include "decode_in_place.h"
 #include "decode_kernels.cuh"
 #include "decode_launch.cuh"
@@ -93,15 +94,15 @@ struct Written {
 // [B, kv_heads, cap, D]; output: logits [B, vocab]. Each buffer gets slot
 // idx written: the input's own memory when nothing else shares it
 // (decode_in_place.h), else a copy first, as MLX's own slice update does.
-class DecodeKernels : public Primitive {
+class DecodeKernels : public grove_fd::CudaOnly {
  public:
   DecodeKernels(Stream s, std::shared_ptr<Plan> plan, std::shared_ptr<Written> written, int idx,
                 std::vector<int> left)
-      : Primitive(s), plan_(std::move(plan)), written_(std::move(written)), idx_(idx), left_(std::move(left)) {}
-
-  void eval_cpu(const std::vector<array>&, std::vector<array>&) override {
-    throw std::runtime_error("[GroveDecodeKernels] runs on a CUDA GPU only");
-  }
+      : CudaOnly(s, "GroveDecodeKernels"),
+        plan_(std::move(plan)),
+        written_(std::move(written)),
+        idx_(idx),
+        left_(std::move(left)) {}
 
   void eval_gpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
     auto& enc = cu::get_command_encoder(stream());
@@ -181,8 +182,6 @@ class DecodeKernels : public Primitive {
     p.prof.end();
   }
 
-  const char* name() const override { return "GroveDecodeKernels"; }
-  bool is_equivalent(const Primitive&) const override { return false; }
 
  private:
   std::shared_ptr<Plan> plan_;
@@ -193,14 +192,10 @@ class DecodeKernels : public Primitive {
 
 // inputs: one cache as the step found it, the kernels' logits; output: the
 // cache as DecodeKernels wrote it.
-class DecodeCache : public Primitive {
+class DecodeCache : public grove_fd::CudaOnly {
  public:
   DecodeCache(Stream s, std::shared_ptr<Plan> plan, std::shared_ptr<Written> written, int i)
-      : Primitive(s), plan_(std::move(plan)), written_(std::move(written)), i_(i) {}
-
-  void eval_cpu(const std::vector<array>&, std::vector<array>&) override {
-    throw std::runtime_error("[GroveDecodeCache] runs on a CUDA GPU only");
-  }
+      : CudaOnly(s, "GroveDecodeCache"), plan_(std::move(plan)), written_(std::move(written)), i_(i) {}
 
   void eval_gpu(const std::vector<array>&, std::vector<array>& outputs) override {
     if (static_cast<size_t>(i_) >= written_->roots.size() || !written_->roots[i_])
@@ -210,8 +205,6 @@ class DecodeCache : public Primitive {
     plan_->kv.record(outputs[0], std::move(root), written_->step);
   }
 
-  const char* name() const override { return "GroveDecodeCache"; }
-  bool is_equivalent(const Primitive&) const override { return false; }
 
  private:
   std::shared_ptr<Plan> plan_;
@@ -221,20 +214,14 @@ class DecodeCache : public Primitive {
 
 // inputs: the kernels' logits, then every cache node; output: the logits.
 // The greedy pick (pick.cu) takes logits made by this name as on the stream.
-class DecodeJoin : public Primitive {
+class DecodeJoin : public grove_fd::CudaOnly {
  public:
-  explicit DecodeJoin(Stream s) : Primitive(s) {}
-
-  void eval_cpu(const std::vector<array>&, std::vector<array>&) override {
-    throw std::runtime_error("[GroveDecodeStep] runs on a CUDA GPU only");
-  }
+  explicit DecodeJoin(Stream s) : CudaOnly(s, "GroveDecodeStep") {}
 
   void eval_gpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
     outputs[0].copy_shared_buffer(inputs[0]);
   }
 
-  const char* name() const override { return "GroveDecodeStep"; }
-  bool is_equivalent(const Primitive&) const override { return false; }
 };
 
 

@@ -27,6 +27,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "cuda_only.h"
 #include "mlx/allocator.h"
 #include "mlx/array.h"
 #include "mlx/backend/cuda/device.h"
@@ -57,13 +58,9 @@ int* row_counters(cudaStream_t s) {
   return c;
 }
 
-class GreedyPick : public Primitive {
+class GreedyPick : public grove_fd::CudaOnly {
  public:
-  explicit GreedyPick(Stream s) : Primitive(s) {}
-
-  void eval_cpu(const std::vector<array>&, std::vector<array>&) override {
-    throw std::runtime_error("[GroveGreedyPick] runs on a CUDA GPU only");
-  }
+  explicit GreedyPick(Stream s) : CudaOnly(s, "GroveGreedyPick") {}
 
   void eval_gpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
     auto& enc = cu::get_command_encoder(stream());
@@ -102,7 +99,6 @@ class GreedyPick : public Primitive {
       run(float{});
   }
 
-  const char* name() const override { return "GroveGreedyPick"; }
   bool is_equivalent(const Primitive&) const override { return true; }
 };
 
