@@ -12,6 +12,9 @@ use tonic::transport::Channel;
 use crate::proc::Group;
 use crate::runner::binary;
 
+/// How long a test waits for a runner to be READY.
+const READY: Duration = Duration::from_secs(60);
+
 /// A running `grove-runner serve` in its own process group (a group's
 /// ranks with it), its stderr in a file; killed with its group on drop.
 pub struct Served {
@@ -35,6 +38,18 @@ impl Served {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Result<(Self, RunnerClient<Channel>)> {
+        Self::start_within(model, args, env, READY).await
+    }
+
+    /// As [`Served::start_env`], waiting up to `ready` for READY: benches on
+    /// a fresh CUDA machine, whose first load compiles MLX's quantized
+    /// matmul at the warm-up (minutes), take the daemon's load deadline.
+    pub async fn start_within(
+        model: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        ready: Duration,
+    ) -> Result<(Self, RunnerClient<Channel>)> {
         let dir = tempfile::tempdir()?;
         let socket = dir.path().join("runner.sock");
         let mut cmd = Command::new(binary("grove-runner")?);
@@ -55,12 +70,12 @@ impl Served {
             socket,
             _dir: dir,
         };
-        let client = served.wait_ready().await?;
+        let client = served.wait_ready(ready).await?;
         Ok((served, client))
     }
 
-    async fn wait_ready(&mut self) -> Result<RunnerClient<Channel>> {
-        let deadline = Instant::now() + Duration::from_secs(60);
+    async fn wait_ready(&mut self, ready: Duration) -> Result<RunnerClient<Channel>> {
+        let deadline = Instant::now() + ready;
         loop {
             if let Some(status) = self.proc.try_wait()? {
                 bail!(
@@ -92,7 +107,8 @@ impl Served {
             }
             if Instant::now() > deadline {
                 bail!(
-                    "grove-runner serve was not ready within 60 s: {}",
+                    "grove-runner serve was not ready within {} s: {}",
+                    ready.as_secs(),
                     self.proc.stderr_tail()
                 );
             }

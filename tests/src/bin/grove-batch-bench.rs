@@ -94,7 +94,17 @@ async fn main() -> Result<()> {
     if prompts.len() < most {
         bail!("{} prompts for {most} streams", prompts.len());
     }
-    let (_served, client) = Served::start(std::path::Path::new(model), &extra).await?;
+    // The daemon's load deadline (GROVE_LOAD_TIMEOUT's default), not a
+    // test's 60 s: a fresh CUDA machine's first load of a quantized model
+    // compiles MLX's matmul tiles at the warm-up (107.2 s for llama-small
+    // 4-bit on an H200; twice the tiles with 8-bit routers).
+    let (_served, client) = Served::start_within(
+        std::path::Path::new(model),
+        &extra,
+        &[("GROVE_KV_DISK", "0")],
+        Duration::from_secs(600),
+    )
+    .await?;
     for n in counts {
         let warm: Vec<Vec<u32>> = prompts[..n]
             .iter()
