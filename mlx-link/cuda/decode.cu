@@ -252,10 +252,13 @@ bool scheduled(const array& a) { return a.status() != array::Status::unscheduled
 // for it. H200, Qwen3-30B-A3B 4-bit, 127-token prompts, a process's first
 // request after the warm-up: prefill 762-903 ms before, 205-210 ms after
 // (later ones 128-147 ms either way); grove-batch-bench's first one-stream
-// first token 389.2 ms before, 122.7 after.
+// first token 389.2 ms before, 122.7 after. Where the GPU cannot take a
+// prefetch (no concurrent managed access), pages move as before.
 void prefetch_weights(const Plan& p) {
-  int dev = 0;
+  int dev = 0, managed = 0;
   check(cudaGetDevice(&dev), "device");
+  check(cudaDeviceGetAttribute(&managed, cudaDevAttrConcurrentManagedAccess, dev), "device");
+  if (managed == 0) return;
   cudaMemLocation loc{};
   loc.type = cudaMemLocationTypeDevice;
   loc.id = dev;
