@@ -182,7 +182,6 @@ class DecodeKernels : public grove_fd::CudaOnly {
     p.prof.end();
   }
 
-
  private:
   std::shared_ptr<Plan> plan_;
   std::shared_ptr<Written> written_;
@@ -205,7 +204,6 @@ class DecodeCache : public grove_fd::CudaOnly {
     plan_->kv.record(outputs[0], std::move(root), written_->step);
   }
 
-
  private:
   std::shared_ptr<Plan> plan_;
   std::shared_ptr<Written> written_;
@@ -221,7 +219,6 @@ class DecodeJoin : public grove_fd::CudaOnly {
   void eval_gpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
     outputs[0].copy_shared_buffer(inputs[0]);
   }
-
 };
 
 

@@ -15,6 +15,10 @@ use crate::runner::binary;
 /// How long a test waits for a runner to be READY.
 const READY: Duration = Duration::from_secs(60);
 
+/// [`Served::start`]'s environment: the SSD tier off (GROVE_KV_DISK=0), so
+/// that runs on the same fixture never see each other's entries.
+pub const NO_DISK: &[(&str, &str)] = &[("GROVE_KV_DISK", "0")];
+
 /// A running `grove-runner serve` in its own process group (a group's
 /// ranks with it), its stderr in a file; killed with its group on drop.
 pub struct Served {
@@ -25,11 +29,9 @@ pub struct Served {
 
 impl Served {
     /// Starts a runner for `model` with extra `args` and waits until it is READY.
-    /// Its SSD tier is off (GROVE_KV_DISK=0), so that runs on the same
-    /// fixture never see each other's entries; [`Served::start_env`] turns
-    /// it on.
+    /// Its SSD tier is off ([`NO_DISK`]); [`Served::start_env`] turns it on.
     pub async fn start(model: &Path, args: &[&str]) -> Result<(Self, RunnerClient<Channel>)> {
-        Self::start_env(model, args, &[("GROVE_KV_DISK", "0")]).await
+        Self::start_env(model, args, NO_DISK).await
     }
 
     /// As [`Served::start`], with `env` set for the runner.

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use grove_proto::runner::v1 as pb;
 use grove_proto::runner::v1::runner_client::RunnerClient;
-use grove_tests::serve::{Served, tokens_request};
+use grove_tests::serve::{NO_DISK, Served, tokens_request};
 use tonic::transport::Channel;
 
 /// One stream: time to its first text, when it ended, its generated tokens
@@ -101,7 +101,7 @@ async fn main() -> Result<()> {
     let (_served, client) = Served::start_within(
         std::path::Path::new(model),
         &extra,
-        &[("GROVE_KV_DISK", "0")],
+        NO_DISK,
         Duration::from_secs(600),
     )
     .await?;
