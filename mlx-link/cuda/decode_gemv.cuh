@@ -385,6 +385,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
     };
     // 3. Eight (then four, then one) 16-byte loads of every row in flight:
     //    enough bytes in flight per SM to keep HBM busy.
+    //    (Bulk L2 prefetches of the rows ahead of them, or of the next
+    //    column group, made every model slower: tests/bench/README.md.)
     int k = lane * V;
     auto pass = [&]<int U>() {
       for (; k + (U - 1) * 32 * V < a.k; k += U * 32 * V) {
