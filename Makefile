@@ -163,7 +163,9 @@ $(GROVE_HOME)/.cuda-tools-stamp:
 	ln -sf libcudart.so.13 $(CUDA_TOOLS)/nvidia/cu13/lib/libcudart.so
 	@touch $@
 
-$(BUILD_EXTRA): mlx-link/cuda/decode.cu mlx-link/cuda/decode_kernels.cuh mlx-link/cuda/decode_common.cuh mlx-link/cuda/decode_gemv.cuh mlx-link/cuda/decode_launch.cuh mlx-link/cuda/decode_mma.cuh mlx-link/cuda/decode_pipe.cuh mlx-link/cuda/decode_attend_gqa.cuh mlx-link/cuda/decode_moe.cuh mlx-link/cuda/decode_run.cuh mlx-link/cuda/decode_in_place.h mlx-link/cuda/decode_plan.h mlx-link/cuda/decode_profile.h mlx-link/cuda/mlx_ptr.h mlx-link/cuda/pick.cu mlx-link/cuda/pick_kernels.cuh mlx-link/cuda/launch_util.h mlx-link/cuda/cuda_only.h mlx-link/cuda/shim/fmt/format.h \
+# Every source and header of the library (a new header needs no entry here).
+CUDA_SOURCES := $(wildcard mlx-link/cuda/*.cu mlx-link/cuda/*.cuh mlx-link/cuda/*.h mlx-link/cuda/shim/*/*.h)
+$(BUILD_EXTRA): $(CUDA_SOURCES) \
     $(GROVE_HOME)/.cuda-stamp $(GROVE_HOME)/.cuda-tools-stamp
 	@mkdir -p $(dir $@)
 	$(CUDA_TOOLS)/nvidia/cu13/bin/nvcc -O3 -std=c++20 -cudart shared -diag-suppress 997,20012 \
