@@ -3,121 +3,9 @@
 // for NORM) times a dense matrix in T or one in MLX's affine 4/8-bit layout,
 // stored, added into the residual, or as SiLU(gate) * up.
 #pragma once
-#include "decode_common.cuh"
+#include "decode_gemv_args.cuh"
 
 namespace grove_fd {
-
-// ---- 1. Matrix-vector products ------------------------------------------------
-
-enum Mode { kStore = 0, kResidual = 1, kGlu = 2 };
-
-struct GemvArgs {
-  const void* x;         // [B, K] in T, rows x_stride apart
-  int64_t x_stride;
-  const void* norm;      // RMS norm weight [K] (NORM kernels)
-  float eps;
-  const void* w[3];      // row-major [rows, K] matrices, stacked (kStore,
-  int seg[2];            // kResidual: rows < seg[0] in w[0], < seg[1] in
-                         // w[1], else w[2]); kGlu: w[0] gate, w[1] up
-  const void* scales[3]; // quantized (Q > 0): per matrix [rows, K / gs] in
-  const void* biases[3]; // T, MLX's affine layout (w: uint32 words of
-  int gs, gs_log2;       // 32 / Q values, lowest bits first; gs = 2^gs_log2)
-  int n, k;              // output columns, reduction length
-  void* out;             // [B, n] in T, rows out_stride apart
-  void* const* out_ref;  // else: where the step's params hold `out`
-  int64_t out_stride;
-  int rows;              // B of this launch (<= the template's B)
-  float* part;           // gemm_tc split over K: [blocks, splits, tile values]
-  int* arrived;          // and per block column, the splits done (zero between)
-  // Routed experts (gemv<..., EXP>, decode_moe.cuh): blockIdx.y is a
-  // (row, pick) pair p of the launch; its n output columns (out + p * n)
-  // are rows of expert experts[p] of each w, stacked [experts, n, K]
-  // (scales and biases alike), times row p / x_div of x.
-  const int* experts;
-  int x_div;
-};
-
-// Which matrix of a stacked kStore / kResidual product holds output column
-// c (rows < seg[0] in w[0], < seg[1] in w[1], else w[2]); c becomes its row
-// there.
-__device__ __forceinline__ int stacked(const GemvArgs& a, int& c) {
-  if (c < a.seg[0]) return 0;
-  if (c < a.seg[1]) {
-    c -= a.seg[0];
-    return 1;
-  }
-  c -= a.seg[1];
-  return 2;
-}
-
-// A product's value for output o, stored as MODE says: kStore as it is,
-// kResidual added into o (rounded to T first, as MLX's add of two T
-// arrays), kGlu MLX's silu(gate) * up (v the gate's sum, up the up's):
-// gate * sigmoid(gate), then * up, each in T.
-template <class T, int MODE>
-__device__ __forceinline__ void store_out(T* o, float v, float up = 0.f) {
-  if constexpr (MODE == kStore) {
-    *o = Num<T>::from(v);
-  } else if constexpr (MODE == kResidual) {
-    *o = Num<T>::from(Num<T>::to(*o) + rt<T>(v));
-  } else {
-    const float gate = rt<T>(v), u = rt<T>(up);
-    *o = Num<T>::from(rt<T>(gate * sigmoid_t<T>(gate)) * u);
-  }
-}
-
-template <class T>
-__device__ __forceinline__ uint4 pack8(const float v[8]) {
-  uint4 out;
-  T* p = reinterpret_cast<T*>(&out);
-#pragma unroll
-  for (int i = 0; i < 8; i++) p[i] = Num<T>::from(v[i]);
-  return out;
-}
-
-// Integer dot products of four byte pairs added to c (PTX dp4a): a's bytes
-// unsigned, b's signed (us) or unsigned (uu).
-__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
-  int d;
-  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-__device__ __forceinline__ int dp4a_uu(uint32_t a, uint32_t b, int c) {
-  int d;
-  asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-
-// A span of x (the values one lane's 16-byte load of Q-bit weights meets)
-// as 16-bit integers v = round(x / s), s = max |x| / 32767, each split into
-// a signed high byte and an unsigned low byte (v = 256 hi + lo), laid out
-// as the weights' words are read: for Q = 4, per word of 8 values, the
-// high bytes of values 0 2 4 6, of 1 3 5 7, then the low bytes of the same
-// (a word's nibbles masked with 0x0f0f0f0f, then shifted by 4, line up with
-// them); for Q = 8, per word of 4 values, the high bytes, then the low.
-// The rounding is 2^-16 of the span's largest |x|, far below x's own bf16
-// rounding; sum(x q) then costs one dp4a per 4 weights and byte half.
-template <int Q>
-__device__ __forceinline__ uint32_t byte4(const int v[8], int first, int step, bool high) {
-  uint32_t out = 0;
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const int x = v[first + i * step];
-    const uint32_t byte = high ? static_cast<uint32_t>(x >> 8) & 0xffu : static_cast<uint32_t>(x) & 0xffu;
-    out |= byte << (8 * i);
-  }
-  return out;
-}
-template <int Q>
-__device__ __forceinline__ uint4 split8(const int v[8]) {
-  if constexpr (Q == 4) {
-    return make_uint4(byte4<Q>(v, 0, 2, true), byte4<Q>(v, 1, 2, true), byte4<Q>(v, 0, 2, false),
-                      byte4<Q>(v, 1, 2, false));
-  } else {
-    return make_uint4(byte4<Q>(v, 0, 1, true), byte4<Q>(v, 0, 1, false), byte4<Q>(v, 4, 1, true),
-                      byte4<Q>(v, 4, 1, false));
-  }
-}
 
 // Each warp computes R output columns (kGlu: R of gate and R of up) for all
 // B rows, reading each weight once with 16-byte loads, eight in flight. The
@@ -131,37 +19,6 @@ __device__ __forceinline__ uint4 split8(const int v[8]) {
 // scale * sum(x q) + bias * sum(x) in float32, sum(x q) summed exactly in
 // integers (dp4a) and multiplied by the span's s (MLX's quantized_matmul on
 // these rows gives the same values up to the order of its float sums and
-// x's 2^-16 rounding).
-template <int Q>
-struct Span {
-  static constexpr int kVals = Q == 0 ? 8 : 128 / Q;  // values per 16-byte load
-  static constexpr int kXVecs = Q == 0 ? 1 : kVals / 8;  // x's 16-byte vectors
-};
-
-// Where x's 16-byte vector i of a row sits in shared memory: for Q, the
-// vectors of a lane's span rotated by the lane's position, so that the 8
-// lanes of a shared-memory phase read 8 different bank groups.
-template <int XV>
-__device__ __forceinline__ int swz(int i) {
-  if constexpr (XV == 1) {
-    return i;
-  } else {
-    const int c = i / XV, j = i % XV;
-    return c * XV + (j + c / (8 / XV)) % XV;
-  }
-}
-
-__host__ __device__ constexpr size_t gemv_smem(int q, int rows, int k, int t_bytes) {
-  return static_cast<size_t>(rows) * k * t_bytes + (q == 0 ? 0 : static_cast<size_t>(rows) * (k / (128 / q)) * 8);
-}
-// Past gemv_smem (16-byte aligned), NORM kernels keep the norm's weights
-// [k] in T, copied in before the wait: read after it, they would add a
-// round trip to memory (they leave L2 as the step streams its weights) to
-// every block's start.
-__host__ __device__ constexpr size_t gemv_norm_at(int q, int rows, int k, int t_bytes) {
-  return (gemv_smem(q, rows, k, t_bytes) + 15) / 16 * 16;
-}
-
 template <class T, int B, int R, int MODE, bool NORM, int Q, bool EXP = false>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   constexpr int NR = MODE == kGlu ? 2 * R : R;
