@@ -19,8 +19,23 @@ namespace grove_fd {
 // scale * sum(x q) + bias * sum(x) in float32, sum(x q) summed exactly in
 // integers (dp4a) and multiplied by the span's s (MLX's quantized_matmul on
 // these rows gives the same values up to the order of its float sums and
-template <class T, int B, int R, int MODE, bool NORM, int Q, bool EXP = false>
+// x's 2^-16 rounding).
+//
+// How a warp walks K (HV; the launch picks, where a lane's loads tile K):
+//   0  passes of eight 16-byte loads a lane (then four, then one), each
+//      consumed before the next pass is asked for: any K;
+//   1  (quantized) halves of them in registers, one consumed while the
+//      other is in flight, across the warp's column groups (H200, Llama-8B
+//      4-bit: +2-3% tok/s);
+//   2  (dense) a ring of kGemvStages stages in shared memory filled by
+//      cp.async, which holds no registers while the warp computes
+//      (Llama-1B bf16 +2-4%, Qwen3-4B +2%, Llama-8B bf16 even).
+// (The same ring for quantized weights, their scales and biases staged
+// too, lost 6%: tests/bench/README.md, stop 51.) Every
+// way sums the same products in the same order: logits equal bit for bit.
+template <class T, int B, int R, int MODE, bool NORM, int Q, bool EXP = false, int HV = 0>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
+  static_assert(HV == 0 || (!EXP && (HV == 1 ? Q != 0 : HV == 2 && Q == 0)), "halves: quantized; stages: dense");
   constexpr int NR = MODE == kGlu ? 2 * R : R;
   constexpr int V = Span<Q>::kVals, XV = Span<Q>::kXVecs;
   extern __shared__ uint4 xs[];  // [rows][k / 8], then (Q) float [2][rows][k / V], then (NORM) gemv_norm_at
@@ -66,11 +81,42 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
       }
     }
   };
-  constexpr int P = 8 / NR > 1 ? 8 / NR : 1;
   const int first = (blockIdx.x * kGemvWarps + warp) * R;
+  constexpr int P = 8 / NR > 1 ? 8 / NR : 1;
+  // (HV = 1: this warp's column groups, first then every step_cols, as one
+  // stream of NH halves, H loads of each row a half, L / H halves a group;
+  // two in flight, each asked for as the one before it is consumed, so
+  // that the warp always has loads in flight.)
+  constexpr int H = P / 2 > 1 ? P / 2 : 1;
+  const int L = a.k / (32 * V), step_cols = gridDim.x * kGemvWarps * R;
+  const int NH = HV == 1 && first < a.n ? ((a.n - 1 - first) / step_cols + 1) * (L / H) : 0;
+  uint4 hw[2][H][NR];
+  T hs[2][H][NR], hb[2][H][NR];
+  const char* hwr[NR];
+  const T* hsr[NR];
+  const T* hbr[NR];
+  int ld_col0 = first, ld_kk = 0;
+  auto load_half = [&]<int I>() {
+#pragma unroll
+    for (int u = 0; u < H; u++)
+      load_at(hwr, hsr, hbr, lane * V + (ld_kk + u) * 32 * V, hw[I][u], hs[I][u], hb[I][u]);
+    ld_kk += H;
+    if (ld_kk == L) {
+      ld_kk = 0;
+      ld_col0 += step_cols;
+      if (ld_col0 < a.n) rows_of(ld_col0, hwr, hsr, hbr);
+    }
+  };
+  auto fill = [&]() {
+    if (NH == 0) return;
+    rows_of(first, hwr, hsr, hbr);
+    load_half.template operator()<0>();
+    if (NH > 1) load_half.template operator()<1>();
+  };
+  if constexpr (HV == 1) fill();
   uint4 pw[P][NR];
   T ps[P][NR], pb[P][NR];
-  if (!EXP && first < a.n) {
+  if (!EXP && HV == 0 && first < a.n) {
     const char* wr[NR];
     const T* sr[NR];
     const T* br[NR];
@@ -89,6 +135,47 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
     for (int c = threadIdx.x; c < k8; c += blockDim.x) cp16(at + c * 16, nw + c * 8, 16);
     cp_commit();
   }
+  // (HV = 2: this warp's stages, NS of them, HS loads of each row a stage,
+  // L / HS a column group; kGemvStages - 1 asked for before the wait, each
+  // a cp.async group, empty ones past NS so that the count of groups in
+  // flight is the same at every wait.)
+  constexpr int HS = P / 2 > 1 ? P / 2 : 1;
+  constexpr int st_bytes = gemv_stage_bytes(NR, HS);
+  const int SL = a.k / (32 * V), st_cols = gridDim.x * kGemvWarps * R;
+  const int NS = HV == 2 && first < a.n ? ((a.n - 1 - first) / st_cols + 1) * (SL / HS) : 0;
+  char* ring = reinterpret_cast<char*>(xs) + gemv_ring_at(NORM, a.rows, a.k, sizeof(T)) +
+               static_cast<size_t>(warp) * kGemvStages * st_bytes;
+  const char* swr[NR];
+  const T* ssr[NR];
+  const T* sbr[NR];
+  int st_col0 = first, st_kk = 0;
+  auto issue_stage = [&](int slot) {
+    char* st = ring + slot * st_bytes;
+    const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(st));
+#pragma unroll
+    for (int u = 0; u < HS; u++)
+#pragma unroll
+      for (int r = 0; r < NR; r++)
+        cp16(at + (u * NR + r) * 512 + lane * 16,
+             swr[r] + static_cast<int64_t>((st_kk + u) * 32 * V + lane * V) * sizeof(T), 16);
+    cp_commit();
+    st_kk += HS;
+    if (st_kk == SL) {
+      st_kk = 0;
+      st_col0 += st_cols;
+      if (st_col0 < a.n) rows_of(st_col0, swr, ssr, sbr);
+    }
+  };
+  if constexpr (HV == 2) {
+    if (NS > 0) rows_of(first, swr, ssr, sbr);
+#pragma unroll
+    for (int i = 0; i < kGemvStages - 1; i++) {
+      if (i < NS)
+        issue_stage(i);
+      else
+        cp_commit();
+    }
+  }
   // The next kernel may start as this one's blocks leave; x is the last
   // kernel's output.
   release_next();
@@ -99,7 +186,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
     const int b = i / k8, c = i - b * k8;
     xs[b * k8 + swz<XV>(c)] = *reinterpret_cast<const uint4*>(x + b * a.x_stride + c * 8);
   }
-  if constexpr (NORM) cp_wait<0>();
+  if constexpr (NORM) {
+    if constexpr (HV == 2)
+      cp_wait<kGemvStages - 1>();  // the norm's group, older than the stages'
+    else
+      cp_wait<0>();
+  }
   __syncthreads();
   if constexpr (NORM) {
     __shared__ float part[kGemvWarps][B];
@@ -173,123 +265,202 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
     }
     __syncthreads();
   }
-  // 2. Each group of columns this block takes (a block stages x once for
-  //    all of them).
-  auto column = [&]<bool PRE>(int col0) {
-    const char* wr[NR];
-    const T* sr[NR];
-    const T* br[NR];
-    rows_of(col0, wr, sr, br);
+  // One 16-byte load of each row, at value k (and, for Q, its group's
+  // scale and bias) into the sums.
+  auto consume = [&](float (&acc)[NR][B], const uint4 (&wv)[NR], const T (&sv)[NR], const T (&bv)[NR], int k) {
+    if constexpr (Q == 0) {
+      float wf[NR][8];
+#pragma unroll
+      for (int r = 0; r < NR; r++) unpack8<T>(wv[r], wf[r]);
+#pragma unroll
+      for (int b = 0; b < B; b++) {
+        if (b < a.rows) {
+          float v[8];
+          unpack8<T>(xs[b * k8 + k / 8], v);
+#pragma unroll
+          for (int r = 0; r < NR; r++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[r][b] = fmaf(wf[r][i], v[i], acc[r][b]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int b = 0; b < B; b++) {
+        if (b < a.rows) {
+          const float xt = xsum[b * kv + k / V], xs_scale = xscale[b * kv + k / V];
+          int hi[NR], lo[NR];
+#pragma unroll
+          for (int r = 0; r < NR; r++) hi[r] = lo[r] = 0;
+#pragma unroll
+          for (int j = 0; j < XV; j++) {
+            const uint4 xv = xs[b * k8 + swz<XV>(k / 8 + j)];
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+              const uint32_t words[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
+              if constexpr (Q == 4) {
+                const uint32_t even = words[j] & 0x0f0f0f0fu, odd = (words[j] >> 4) & 0x0f0f0f0fu;
+                hi[r] = dp4a_us(even, xv.x, hi[r]);
+                hi[r] = dp4a_us(odd, xv.y, hi[r]);
+                lo[r] = dp4a_uu(even, xv.z, lo[r]);
+                lo[r] = dp4a_uu(odd, xv.w, lo[r]);
+              } else {
+                hi[r] = dp4a_us(words[2 * j], xv.x, hi[r]);
+                lo[r] = dp4a_uu(words[2 * j], xv.y, lo[r]);
+                hi[r] = dp4a_us(words[2 * j + 1], xv.z, hi[r]);
+                lo[r] = dp4a_uu(words[2 * j + 1], xv.w, lo[r]);
+              }
+            }
+          }
+#pragma unroll
+          for (int r = 0; r < NR; r++) {
+            const float xq = static_cast<float>(hi[r] * 256 + lo[r]) * xs_scale;
+            acc[r][b] = fmaf(Num<T>::to(sv[r]), xq, fmaf(Num<T>::to(bv[r]), xt, acc[r][b]));
+          }
+        }
+      }
+    }
+  };
+  // The lanes' sums of the column group from col0, stored as MODE says
+  // (then zero again).
+  auto finish = [&](float (&acc)[NR][B], int col0) {
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+      for (int b = 0; b < B; b++) acc[r][b] = warp_sum(acc[r][b]);
+    if (lane == 0) {
+      T* out = static_cast<T*>(a.out_ref != nullptr ? *a.out_ref : a.out) + (EXP ? blockIdx.y * a.n : 0);
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        const int c = col0 + r;
+        if (c >= a.n) break;
+#pragma unroll
+        for (int b = 0; b < B; b++) {
+          if (b >= a.rows) break;
+          store_out<T, MODE>(out + b * a.out_stride + c, acc[r][b], MODE == kGlu ? acc[(R + r) % NR][b] : 0.f);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+      for (int b = 0; b < B; b++) acc[r][b] = 0.f;
+  };
+  // 2. The stages: wait for the oldest, ask for the one kGemvStages - 1
+  //    after it into the slot the last one left (all lanes past the
+  //    wait: the warp's barrier), then consume it from shared memory.
+  if constexpr (HV == 2) {
+    if (NS == 0) return;
     float acc[NR][B];
 #pragma unroll
     for (int r = 0; r < NR; r++)
 #pragma unroll
       for (int b = 0; b < B; b++) acc[r][b] = 0.f;
-    // One 16-byte load of each row, at value k (and, for Q, its group's scale
-    // and bias) into the sums.
-    auto consume = [&](const uint4 (&wv)[NR], const T (&sv)[NR], const T (&bv)[NR], int k) {
-      if constexpr (Q == 0) {
-        float wf[NR][8];
+    int c_col0 = first, c_kk = 0;
+    for (int e = 0; e < NS; e++) {
+      cp_wait<kGemvStages - 2>();
+      __syncwarp();
+      const int next = e + kGemvStages - 1;
+      if (next < NS)
+        issue_stage(next % kGemvStages);
+      else
+        cp_commit();
+      const char* st = ring + (e % kGemvStages) * st_bytes;
 #pragma unroll
-        for (int r = 0; r < NR; r++) unpack8<T>(wv[r], wf[r]);
+      for (int u = 0; u < HS; u++) {
+        uint4 wv[NR];
+        T sv[NR], bv[NR];
+        const int ku = lane * V + (c_kk + u) * 32 * V;
 #pragma unroll
-        for (int b = 0; b < B; b++) {
-          if (b < a.rows) {
-            float v[8];
-            unpack8<T>(xs[b * k8 + k / 8], v);
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-#pragma unroll
-              for (int i = 0; i < 8; i++) acc[r][b] = fmaf(wf[r][i], v[i], acc[r][b]);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int b = 0; b < B; b++) {
-          if (b < a.rows) {
-            const float xt = xsum[b * kv + k / V], xs_scale = xscale[b * kv + k / V];
-            int hi[NR], lo[NR];
-#pragma unroll
-            for (int r = 0; r < NR; r++) hi[r] = lo[r] = 0;
-#pragma unroll
-            for (int j = 0; j < XV; j++) {
-              const uint4 xv = xs[b * k8 + swz<XV>(k / 8 + j)];
-#pragma unroll
-              for (int r = 0; r < NR; r++) {
-                const uint32_t words[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
-                if constexpr (Q == 4) {
-                  const uint32_t even = words[j] & 0x0f0f0f0fu, odd = (words[j] >> 4) & 0x0f0f0f0fu;
-                  hi[r] = dp4a_us(even, xv.x, hi[r]);
-                  hi[r] = dp4a_us(odd, xv.y, hi[r]);
-                  lo[r] = dp4a_uu(even, xv.z, lo[r]);
-                  lo[r] = dp4a_uu(odd, xv.w, lo[r]);
-                } else {
-                  hi[r] = dp4a_us(words[2 * j], xv.x, hi[r]);
-                  lo[r] = dp4a_uu(words[2 * j], xv.y, lo[r]);
-                  hi[r] = dp4a_us(words[2 * j + 1], xv.z, hi[r]);
-                  lo[r] = dp4a_uu(words[2 * j + 1], xv.w, lo[r]);
-                }
-              }
-            }
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-              const float xq = static_cast<float>(hi[r] * 256 + lo[r]) * xs_scale;
-              acc[r][b] = fmaf(Num<T>::to(sv[r]), xq, fmaf(Num<T>::to(bv[r]), xt, acc[r][b]));
-            }
-          }
-        }
+        for (int r = 0; r < NR; r++) wv[r] = *reinterpret_cast<const uint4*>(st + (u * NR + r) * 512 + lane * 16);
+        consume(acc, wv, sv, bv, ku);
       }
-    };
-    // 3. Eight (then four, then one) 16-byte loads of every row in flight:
-    //    enough bytes in flight per SM to keep HBM busy.
-    //    (Bulk L2 prefetches of the rows ahead of them, or of the next
-    //    column group, made every model slower: tests/bench/README.md.)
-    int k = lane * V;
-    auto pass = [&]<int U>() {
-      for (; k + (U - 1) * 32 * V < a.k; k += U * 32 * V) {
-        uint4 wv[U][NR];
-        T sv[U][NR], bv[U][NR];
-#pragma unroll
-        for (int u = 0; u < U; u++) load_at(wr, sr, br, k + u * 32 * V, wv[u], sv[u], bv[u]);
-#pragma unroll
-        for (int u = 0; u < U; u++) consume(wv[u], sv[u], bv[u], k + u * 32 * V);
+      c_kk += HS;
+      if (c_kk == SL) {
+        finish(acc, c_col0);
+        c_kk = 0;
+        c_col0 += st_cols;
       }
-    };
-    // The first columns' first loads, asked for in step 0.
-    if constexpr (PRE) {
-#pragma unroll
-      for (int u = 0; u < P; u++)
-        if (k + u * 32 * V < a.k) consume(pw[u], ps[u], pb[u], k + u * 32 * V);
-      k += P * 32 * V;
     }
-    // (Eight loads in flight in all: fewer per row where a warp reads
-    // several rows, as many registers.)
-    pass.template operator()<(8 / NR > 1 ? 8 / NR : 1)>();
-    if constexpr (NR < 4) pass.template operator()<(4 / NR > 1 ? 4 / NR : 1)>();
-    pass.template operator()<1>();
-    // 4. Sum the lanes and store as MODE says.
+    return;
+  }
+  // 2. The halves: consume one while the other is in flight, then ask for
+  //    the one after next in its registers.
+  if constexpr (HV == 1) {
+    if (NH == 0) return;
+    float acc[NR][B];
 #pragma unroll
     for (int r = 0; r < NR; r++)
 #pragma unroll
-      for (int b = 0; b < B; b++) acc[r][b] = warp_sum(acc[r][b]);
-    if (lane != 0) return;
-    T* out = static_cast<T*>(a.out_ref != nullptr ? *a.out_ref : a.out) + (EXP ? blockIdx.y * a.n : 0);
+      for (int b = 0; b < B; b++) acc[r][b] = 0.f;
+    int c_col0 = first, c_kk = 0;
+    auto consume_half = [&]<int I>() {
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-      const int c = col0 + r;
-      if (c >= a.n) break;
-#pragma unroll
-      for (int b = 0; b < B; b++) {
-        if (b >= a.rows) break;
-        store_out<T, MODE>(out + b * a.out_stride + c, acc[r][b], MODE == kGlu ? acc[(R + r) % NR][b] : 0.f);
+      for (int u = 0; u < H; u++) consume(acc, hw[I][u], hs[I][u], hb[I][u], lane * V + (c_kk + u) * 32 * V);
+      c_kk += H;
+      if (c_kk == L) {
+        finish(acc, c_col0);
+        c_kk = 0;
+        c_col0 += step_cols;
+      }
+    };
+    for (int h = 0; h < NH; h += 2) {
+      consume_half.template operator()<0>();
+      if (h + 2 < NH) load_half.template operator()<0>();
+      if (h + 1 < NH) {
+        consume_half.template operator()<1>();
+        if (h + 3 < NH) load_half.template operator()<1>();
       }
     }
-  };
-  // (The first column apart, so that its first loads' registers are free
-  // for the others.)
-  if (first < a.n) column.template operator()<!EXP>(first);
-  for (int col0 = first + gridDim.x * kGemvWarps * R; col0 < a.n; col0 += gridDim.x * kGemvWarps * R)
-    column.template operator()<false>(col0);
+    return;
+  }
+  if constexpr (HV == 0) {
+    // 2. Each group of columns this block takes (a block stages x once for
+    //    all of them).
+    auto column = [&]<bool PRE>(int col0) {
+      const char* wr[NR];
+      const T* sr[NR];
+      const T* br[NR];
+      rows_of(col0, wr, sr, br);
+      float acc[NR][B];
+#pragma unroll
+      for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int b = 0; b < B; b++) acc[r][b] = 0.f;
+      // 3. Eight (then four, then one) 16-byte loads of every row in flight:
+      //    enough bytes in flight per SM to keep HBM busy.
+      //    (Bulk L2 prefetches of the rows ahead of them, or of the next
+      //    column group, made every model slower: tests/bench/README.md.)
+      int k = lane * V;
+      auto pass = [&]<int U>() {
+        for (; k + (U - 1) * 32 * V < a.k; k += U * 32 * V) {
+          uint4 wv[U][NR];
+          T sv[U][NR], bv[U][NR];
+#pragma unroll
+          for (int u = 0; u < U; u++) load_at(wr, sr, br, k + u * 32 * V, wv[u], sv[u], bv[u]);
+#pragma unroll
+          for (int u = 0; u < U; u++) consume(acc, wv[u], sv[u], bv[u], k + u * 32 * V);
+        }
+      };
+      // The first columns' first loads, asked for in step 0.
+      if constexpr (PRE) {
+#pragma unroll
+        for (int u = 0; u < P; u++)
+          if (k + u * 32 * V < a.k) consume(acc, pw[u], ps[u], pb[u], k + u * 32 * V);
+        k += P * 32 * V;
+      }
+      // (Eight loads in flight in all: fewer per row where a warp reads
+      // several rows, as many registers.)
+      pass.template operator()<(8 / NR > 1 ? 8 / NR : 1)>();
+      if constexpr (NR < 4) pass.template operator()<(4 / NR > 1 ? 4 / NR : 1)>();
+      pass.template operator()<1>();
+      finish(acc, col0);
+    };
+    // (The first column apart, so that its first loads' registers are free
+    // for the others.)
+    if (first < a.n) column.template operator()<!EXP>(first);
+    for (int col0 = first + gridDim.x * kGemvWarps * R; col0 < a.n; col0 += gridDim.x * kGemvWarps * R)
+      column.template operator()<false>(col0);
+  }
 }
 
 }  // namespace grove_fd

@@ -149,5 +149,13 @@ __host__ __device__ constexpr size_t gemv_smem(int q, int rows, int k, int t_byt
 __host__ __device__ constexpr size_t gemv_norm_at(int q, int rows, int k, int t_bytes) {
   return (gemv_smem(q, rows, k, t_bytes) + 15) / 16 * 16;
 }
+// Dense products streamed through shared memory (gemv's HV = 2): past x
+// (and the norm's weights), each warp's ring of kGemvStages stages, a stage
+// hs 16-byte loads of each of its nr rows (512 bytes a load of the warp).
+constexpr int kGemvStages = 4;
+__host__ __device__ constexpr int gemv_stage_bytes(int nr, int hs) { return nr * hs * 512; }
+__host__ __device__ constexpr size_t gemv_ring_at(bool norm, int rows, int k, int t_bytes) {
+  return gemv_norm_at(0, rows, k, t_bytes) + (norm ? static_cast<size_t>(k) * t_bytes : 0);
+}
 
 }  // namespace grove_fd

@@ -46,6 +46,17 @@ inline int sm_count() {
   return sms;
 }
 
+// The most dynamic shared memory a block may ask for.
+inline size_t max_smem() {
+  static int bytes = 0;
+  if (bytes == 0) {
+    int dev = 0;
+    check(cudaGetDevice(&dev), "device");
+    check(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "device");
+  }
+  return static_cast<size_t>(bytes) - 1024;  // (the static part's room)
+}
+
 // Whether the step's kernels are launched as programmatic dependents of the
 // kernel before them (decode_common.cuh's wait_prior): Hopper on, unless
 // GROVE_FD_PDL=0 (to compare). Set when a plan is made.
@@ -87,8 +98,27 @@ size_t gemv_launch_smem(const GemvArgs& a) {
 template <class T, int B, int R, int MODE, bool NORM, int Q, bool EXP = false>
 void launch_gemv(const GemvArgs& a, cudaStream_t s, int pairs = 1) {
   const int cols_per_block = kGemvWarps * R;
-  const size_t smem = gemv_launch_smem<T, NORM, Q>(a);
+  size_t smem = gemv_launch_smem<T, NORM, Q>(a);
   auto kernel = gemv<T, B, R, MODE, NORM, Q, EXP>;
+  // Where a lane's loads tile K by halves of a pass (gemv's HV): quantized
+  // weights by halves in registers, dense ones through each warp's ring of
+  // stages in shared memory where it fits.
+  if constexpr (!EXP) {
+    constexpr int NR = MODE == kGlu ? 2 * R : R, P = 8 / NR > 1 ? 8 / NR : 1, H = P / 2 > 1 ? P / 2 : 1;
+    constexpr int span = 32 * Span<Q>::kVals;
+    if (a.k % span == 0 && (a.k / span) % H == 0) {
+      if constexpr (Q != 0) {
+        kernel = gemv<T, B, R, MODE, NORM, Q, false, 1>;
+      } else {
+        const size_t staged = gemv_ring_at(NORM, a.rows, a.k, sizeof(T)) +
+                              static_cast<size_t>(kGemvWarps) * kGemvStages * gemv_stage_bytes(NR, H);
+        if (staged <= max_smem()) {
+          kernel = gemv<T, B, R, MODE, NORM, Q, false, 2>;
+          smem = staged;
+        }
+      }
+    }
+  }
   allow_smem(kernel, smem);
   const int groups = (a.n + cols_per_block - 1) / cols_per_block;
   const size_t row_bytes = static_cast<size_t>(a.k) * (Q == 0 ? 8 * sizeof(T) : Q) / 8;
