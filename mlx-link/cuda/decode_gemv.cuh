@@ -265,6 +265,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
     }
     __syncthreads();
   }
+  // A column group's sums, zeroed.
+  auto zero = [](float (&acc)[NR][B]) {
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+      for (int b = 0; b < B; b++) acc[r][b] = 0.f;
+  };
   // One 16-byte load of each row, at value k (and, for Q, its group's
   // scale and bias) into the sums.
   auto consume = [&](float (&acc)[NR][B], const uint4 (&wv)[NR], const T (&sv)[NR], const T (&bv)[NR], int k) {
@@ -340,10 +347,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
         }
       }
     }
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-      for (int b = 0; b < B; b++) acc[r][b] = 0.f;
+    zero(acc);
   };
   // 2. The stages: wait for the oldest, ask for the one kGemvStages - 1
   //    after it into the slot the last one left (all lanes past the
@@ -351,10 +355,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   if constexpr (HV == 2) {
     if (NS == 0) return;
     float acc[NR][B];
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-      for (int b = 0; b < B; b++) acc[r][b] = 0.f;
+    zero(acc);
     int c_col0 = first, c_kk = 0;
     for (int e = 0; e < NS; e++) {
       cp_wait<kGemvStages - 2>();
@@ -388,10 +389,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   if constexpr (HV == 1) {
     if (NH == 0) return;
     float acc[NR][B];
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-      for (int b = 0; b < B; b++) acc[r][b] = 0.f;
+    zero(acc);
     int c_col0 = first, c_kk = 0;
     auto consume_half = [&]<int I>() {
 #pragma unroll
@@ -422,10 +420,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
       const T* br[NR];
       rows_of(col0, wr, sr, br);
       float acc[NR][B];
-#pragma unroll
-      for (int r = 0; r < NR; r++)
-#pragma unroll
-        for (int b = 0; b < B; b++) acc[r][b] = 0.f;
+      zero(acc);
       // 3. Eight (then four, then one) 16-byte loads of every row in flight:
       //    enough bytes in flight per SM to keep HBM busy.
       //    (Bulk L2 prefetches of the rows ahead of them, or of the next
