@@ -82,12 +82,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
     }
   };
   const int first = (blockIdx.x * kGemvWarps + warp) * R;
-  constexpr int P = 8 / NR > 1 ? 8 / NR : 1;
+  constexpr int P = gemv_pass_loads(NR);
   // (HV = 1: this warp's column groups, first then every step_cols, as one
   // stream of NH halves, H loads of each row a half, L / H halves a group;
   // two in flight, each asked for as the one before it is consumed, so
   // that the warp always has loads in flight.)
-  constexpr int H = P / 2 > 1 ? P / 2 : 1;
+  constexpr int H = gemv_half_loads(NR);
   const int L = a.k / (32 * V), step_cols = gridDim.x * kGemvWarps * R;
   const int NH = HV == 1 && first < a.n ? ((a.n - 1 - first) / step_cols + 1) * (L / H) : 0;
   uint4 hw[2][H][NR];
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   // L / HS a column group; kGemvStages - 1 asked for before the wait, each
   // a cp.async group, empty ones past NS so that the count of groups in
   // flight is the same at every wait.)
-  constexpr int HS = P / 2 > 1 ? P / 2 : 1;
+  constexpr int HS = gemv_half_loads(NR);
   constexpr int st_bytes = gemv_stage_bytes(NR, HS);
   const int SL = a.k / (32 * V), st_cols = gridDim.x * kGemvWarps * R;
   const int NS = HV == 2 && first < a.n ? ((a.n - 1 - first) / st_cols + 1) * (SL / HS) : 0;
@@ -445,8 +445,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
       }
       // (Eight loads in flight in all: fewer per row where a warp reads
       // several rows, as many registers.)
-      pass.template operator()<(8 / NR > 1 ? 8 / NR : 1)>();
-      if constexpr (NR < 4) pass.template operator()<(4 / NR > 1 ? 4 / NR : 1)>();
+      pass.template operator()<P>();
+      if constexpr (NR < 4) pass.template operator()<H>();
       pass.template operator()<1>();
       finish(acc, col0);
     };

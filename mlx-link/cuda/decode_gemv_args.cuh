@@ -149,6 +149,13 @@ __host__ __device__ constexpr size_t gemv_smem(int q, int rows, int k, int t_byt
 __host__ __device__ constexpr size_t gemv_norm_at(int q, int rows, int k, int t_bytes) {
   return (gemv_smem(q, rows, k, t_bytes) + 15) / 16 * 16;
 }
+// A warp's 16-byte loads of each of its nr rows in flight in a pass
+// (eight in all), and in a half of one (gemv's HV = 1 and 2 walk K by
+// halves: the launch takes them where K tiles by them).
+__host__ __device__ constexpr int gemv_pass_loads(int nr) { return 8 / nr > 1 ? 8 / nr : 1; }
+__host__ __device__ constexpr int gemv_half_loads(int nr) {
+  return gemv_pass_loads(nr) / 2 > 1 ? gemv_pass_loads(nr) / 2 : 1;
+}
 // Dense products streamed through shared memory (gemv's HV = 2): past x
 // (and the norm's weights), each warp's ring of kGemvStages stages, a stage
 // hs 16-byte loads of each of its nr rows (512 bytes a load of the warp).

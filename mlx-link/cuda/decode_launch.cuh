@@ -104,7 +104,7 @@ void launch_gemv(const GemvArgs& a, cudaStream_t s, int pairs = 1) {
   // weights by halves in registers, dense ones through each warp's ring of
   // stages in shared memory where it fits.
   if constexpr (!EXP) {
-    constexpr int NR = MODE == kGlu ? 2 * R : R, P = 8 / NR > 1 ? 8 / NR : 1, H = P / 2 > 1 ? P / 2 : 1;
+    constexpr int NR = MODE == kGlu ? 2 * R : R, H = gemv_half_loads(NR);
     constexpr int span = 32 * Span<Q>::kVals;
     if (a.k % span == 0 && (a.k / span) % H == 0) {
       if constexpr (Q != 0) {
