@@ -37,23 +37,13 @@ void allow_smem(K kernel, size_t bytes) {
 
 // The GPU's multiprocessors.
 inline int sm_count() {
-  static int sms = 0;
-  if (sms == 0) {
-    int dev = 0;
-    check(cudaGetDevice(&dev), "device");
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "device");
-  }
+  static const int sms = device_attr(cudaDevAttrMultiProcessorCount);
   return sms;
 }
 
 // The most dynamic shared memory a block may ask for.
 inline size_t max_smem() {
-  static int bytes = 0;
-  if (bytes == 0) {
-    int dev = 0;
-    check(cudaGetDevice(&dev), "device");
-    check(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "device");
-  }
+  static const int bytes = device_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   return static_cast<size_t>(bytes) - 1024;  // (the static part's room)
 }
 

@@ -15,13 +15,16 @@ inline void check(cudaError_t e, const char* what) {
     throw std::runtime_error(std::string("[grove decode] ") + what + ": " + cudaGetErrorString(e));
 }
 
-// Whether the GPU takes programmatic dependent launches (Hopper on).
-inline bool pdl_supported() {
-  int dev = 0, major = 0;
+// An attribute of the current GPU.
+inline int device_attr(cudaDeviceAttr attr) {
+  int dev = 0, value = 0;
   check(cudaGetDevice(&dev), "device");
-  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "device");
-  return major >= 9;
+  check(cudaDeviceGetAttribute(&value, attr, dev), "device");
+  return value;
 }
+
+// Whether the GPU takes programmatic dependent launches (Hopper on).
+inline bool pdl_supported() { return device_attr(cudaDevAttrComputeCapabilityMajor) >= 9; }
 
 // kernel<<<grid, block, smem, s>>>(args...), launched as a programmatic
 // dependent of the stream's last kernel where `dependent` says so.
