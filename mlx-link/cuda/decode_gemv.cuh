@@ -74,10 +74,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
                      T (&sv)[NR], T (&bv)[NR]) {
 #pragma unroll
     for (int r = 0; r < NR; r++) {
-      wv[r] = load_stream(wr[r] + static_cast<int64_t>(ku) * (Q == 0 ? 8 * sizeof(T) : Q) / 8);
+      wv[r] = load_stream(wr[r] + static_cast<unsigned>(ku) * (Q == 0 ? 8 * sizeof(T) : Q) / 8);
       if constexpr (Q != 0) {
-        sv[r] = sr[r][ku >> a.gs_log2];
-        bv[r] = br[r][ku >> a.gs_log2];
+        sv[r] = sr[r][static_cast<unsigned>(ku) >> a.gs_log2];
+        bv[r] = br[r][static_cast<unsigned>(ku) >> a.gs_log2];
       }
     }
   };
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
 #pragma unroll
       for (int r = 0; r < NR; r++)
         cp16(at + (u * NR + r) * 512 + lane * 16,
-             swr[r] + static_cast<int64_t>((st_kk + u) * 32 * V + lane * V) * sizeof(T), 16);
+             swr[r] + static_cast<unsigned>((st_kk + u) * 32 * V + lane * V) * sizeof(T), 16);
     cp_commit();
     st_kk += HS;
     if (st_kk == SL) {
@@ -275,6 +275,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   // One 16-byte load of each row, at value k (and, for Q, its group's
   // scale and bias) into the sums.
   auto consume = [&](float (&acc)[NR][B], const uint4 (&wv)[NR], const T (&sv)[NR], const T (&bv)[NR], int k) {
+    const unsigned c = static_cast<unsigned>(k) / V;  // the span (k >= 0: shifts, not signed division)
     if constexpr (Q == 0) {
       float wf[NR][8];
 #pragma unroll
@@ -283,7 +284,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
       for (int b = 0; b < B; b++) {
         if (b < a.rows) {
           float v[8];
-          unpack8<T>(xs[b * k8 + k / 8], v);
+          unpack8<T>(xs[b * k8 + c], v);
 #pragma unroll
           for (int r = 0; r < NR; r++)
 #pragma unroll
@@ -294,13 +295,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
 #pragma unroll
       for (int b = 0; b < B; b++) {
         if (b < a.rows) {
-          const float xt = xsum[b * kv + k / V], xs_scale = xscale[b * kv + k / V];
+          const float xt = xsum[b * kv + c], xs_scale = xscale[b * kv + c];
           int hi[NR], lo[NR];
 #pragma unroll
           for (int r = 0; r < NR; r++) hi[r] = lo[r] = 0;
 #pragma unroll
           for (int j = 0; j < XV; j++) {
-            const uint4 xv = xs[b * k8 + swz<XV>(k / 8 + j)];
+            const uint4 xv = xs[b * k8 + swz_span<XV>(c, j)];
 #pragma unroll
             for (int r = 0; r < NR; r++) {
               const uint32_t words[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};

@@ -139,6 +139,18 @@ __device__ __forceinline__ int swz(int i) {
   }
 }
 
+// swz<XV>(c * XV + j), x's vector j (< XV) of span c, in unsigned
+// arithmetic: the products read it at every load, where signed division
+// cost a dozen instructions an address.
+template <int XV>
+__device__ __forceinline__ unsigned swz_span(unsigned c, int j) {
+  if constexpr (XV == 1) {
+    return c;
+  } else {
+    return c * XV + (j + c / (8 / XV)) % XV;
+  }
+}
+
 __host__ __device__ constexpr size_t gemv_smem(int q, int rows, int k, int t_bytes) {
   return static_cast<size_t>(rows) * k * t_bytes + (q == 0 ? 0 : static_cast<size_t>(rows) * (k / (128 / q)) * 8);
 }
