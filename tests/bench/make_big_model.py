@@ -265,7 +265,7 @@ def main() -> None:
         for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             if (args.tokenizer_from / f).exists():
                 shutil.copy(args.tokenizer_from / f, args.out / f)
-    print(f"{args.out}: {args.shape}{' 4-bit' if args.q4 else ' bf16'}, {n} shards")
+    print(f"{args.out}: {args.shape} {f'{args.bits}-bit' if args.q4 else 'bf16'}, {n} shards")
 
 
 if __name__ == "__main__":
