@@ -17,6 +17,17 @@ export PYTHONPATH=$G/site
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import mlx.core as mx; print('mlx', mx.__version__, mx.default_device())"
 
+# MLX's kernels compiled at run time (NVRTC) live in $G/mlx-ptx. A fresh
+# machine compiles the quantized prefill tiles at the first 4-bit and 8-bit
+# warm-up: 2-3 minutes of device time each. A call that carries
+# .device/ptx/mlx-ptx.tgz (save_ptx's output of an earlier machine, copied
+# there by hand) starts from it.
+export MLX_PTX_CACHE_DIR=$G/mlx-ptx
+if [ -f .device/ptx/mlx-ptx.tgz ] && [ ! -d "$MLX_PTX_CACHE_DIR" ]; then
+  tar xzf .device/ptx/mlx-ptx.tgz -C "$G" && echo "mlx-ptx: $(ls "$MLX_PTX_CACHE_DIR" | wc -l) kernels carried"
+fi
+save_ptx() { tar czf "$OUT/mlx-ptx.tgz" -C "$G" mlx-ptx && ls -l "$OUT/mlx-ptx.tgz"; }
+
 # The directory of the random-weight model SPEC (SHAPE, or SHAPE:q4 /
 # SHAPE:q8 for MLX's affine quantization) under $G, made with
 # make_big_model.py (its output on stderr) the first time it is asked for.
