@@ -119,7 +119,8 @@ __device__ __forceinline__ uint4 split8(const int v[8]) {
   }
 }
 
-// x's 2^-16 rounding).
+// A lane's 16-byte load of weights in T (Q = 0) or Q bits: the values it
+// holds, and the 16-byte vectors of x they meet.
 template <int Q>
 struct Span {
   static constexpr int kVals = Q == 0 ? 8 : 128 / Q;  // values per 16-byte load
@@ -141,7 +142,9 @@ __device__ __forceinline__ int swz(int i) {
 
 // swz<XV>(c * XV + j), x's vector j (< XV) of span c, in unsigned
 // arithmetic: the products read it at every load, where signed division
-// cost a dozen instructions an address.
+// cost a dozen instructions an address. (swz itself, signed, is left to
+// the once-a-block staging: written through this one, it changed every
+// quantized kernel's code, not measured yet.)
 template <int XV>
 __device__ __forceinline__ unsigned swz_span(unsigned c, int j) {
   if constexpr (XV == 1) {
