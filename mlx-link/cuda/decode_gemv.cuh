@@ -83,35 +83,36 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   };
   const int first = (blockIdx.x * kGemvWarps + warp) * R;
   constexpr int P = gemv_pass_loads(NR);
-  // (HV = 1: this warp's column groups, first then every step_cols, as one
-  // stream of NH halves, H loads of each row a half, L / H halves a group;
-  // two in flight, each asked for as the one before it is consumed, so
-  // that the warp always has loads in flight.)
+  // (HV != 0: this warp's column groups, first then every step_cols, as
+  // one stream of NW steps, H loads of each row a step, L / H steps a
+  // group: halves in registers for HV = 1, stages in shared memory for
+  // HV = 2. A Walk follows the stream, once as it is asked for, once as
+  // it is consumed.)
   constexpr int H = gemv_half_loads(NR);
   const int L = a.k / (32 * V), step_cols = gridDim.x * kGemvWarps * R;
-  const int NH = HV == 1 && first < a.n ? ((a.n - 1 - first) / step_cols + 1) * (L / H) : 0;
+  const int NW = HV != 0 && first < a.n ? ((a.n - 1 - first) / step_cols + 1) * (L / H) : 0;
+  // (HV = 1: two halves in flight, each asked for as the one before it is
+  // consumed, so that the warp always has loads in flight.)
   uint4 hw[2][H][NR];
   T hs[2][H][NR], hb[2][H][NR];
   const char* hwr[NR];
   const T* hsr[NR];
   const T* hbr[NR];
-  int ld_col0 = first, ld_kk = 0;
+  Walk ld{first, 0};
   auto load_half = [&]<int I>() {
 #pragma unroll
     for (int u = 0; u < H; u++)
-      load_at(hwr, hsr, hbr, lane * V + (ld_kk + u) * 32 * V, hw[I][u], hs[I][u], hb[I][u]);
-    ld_kk += H;
-    if (ld_kk == L) {
-      ld_kk = 0;
-      ld_col0 += step_cols;
-      if (ld_col0 < a.n) rows_of(ld_col0, hwr, hsr, hbr);
+      load_at(hwr, hsr, hbr, lane * V + (ld.kk + u) * 32 * V, hw[I][u], hs[I][u], hb[I][u]);
+    if (ld.step(H, L)) {
+      ld.next_group(step_cols);
+      if (ld.col0 < a.n) rows_of(ld.col0, hwr, hsr, hbr);
     }
   };
   auto fill = [&]() {
-    if (NH == 0) return;
+    if (NW == 0) return;
     rows_of(first, hwr, hsr, hbr);
     load_half.template operator()<0>();
-    if (NH > 1) load_half.template operator()<1>();
+    if (NW > 1) load_half.template operator()<1>();
   };
   if constexpr (HV == 1) fill();
   uint4 pw[P][NR];
@@ -135,42 +136,36 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
     for (int c = threadIdx.x; c < k8; c += blockDim.x) cp16(at + c * 16, nw + c * 8, 16);
     cp_commit();
   }
-  // (HV = 2: this warp's stages, NS of them, HS loads of each row a stage,
-  // L / HS a column group; kGemvStages - 1 asked for before the wait, each
-  // a cp.async group, empty ones past NS so that the count of groups in
+  // (HV = 2: kGemvStages - 1 stages asked for before the wait, each a
+  // cp.async group, empty ones past NW so that the count of groups in
   // flight is the same at every wait.)
-  constexpr int HS = gemv_half_loads(NR);
-  constexpr int st_bytes = gemv_stage_bytes(NR, HS);
-  const int SL = a.k / (32 * V), st_cols = gridDim.x * kGemvWarps * R;
-  const int NS = HV == 2 && first < a.n ? ((a.n - 1 - first) / st_cols + 1) * (SL / HS) : 0;
+  constexpr int st_bytes = gemv_stage_bytes(NR, H);
   char* ring = reinterpret_cast<char*>(xs) + gemv_ring_at(NORM, a.rows, a.k, sizeof(T)) +
                static_cast<size_t>(warp) * kGemvStages * st_bytes;
   const char* swr[NR];
   const T* ssr[NR];
   const T* sbr[NR];
-  int st_col0 = first, st_kk = 0;
+  Walk st{first, 0};
   auto issue_stage = [&](int slot) {
-    char* st = ring + slot * st_bytes;
-    const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(st));
+    char* stage = ring + slot * st_bytes;
+    const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(stage));
 #pragma unroll
-    for (int u = 0; u < HS; u++)
+    for (int u = 0; u < H; u++)
 #pragma unroll
       for (int r = 0; r < NR; r++)
         cp16(at + (u * NR + r) * 512 + lane * 16,
-             swr[r] + static_cast<unsigned>((st_kk + u) * 32 * V + lane * V) * sizeof(T), 16);
+             swr[r] + static_cast<unsigned>((st.kk + u) * 32 * V + lane * V) * sizeof(T), 16);
     cp_commit();
-    st_kk += HS;
-    if (st_kk == SL) {
-      st_kk = 0;
-      st_col0 += st_cols;
-      if (st_col0 < a.n) rows_of(st_col0, swr, ssr, sbr);
+    if (st.step(H, L)) {
+      st.next_group(step_cols);
+      if (st.col0 < a.n) rows_of(st.col0, swr, ssr, sbr);
     }
   };
   if constexpr (HV == 2) {
-    if (NS > 0) rows_of(first, swr, ssr, sbr);
+    if (NW > 0) rows_of(first, swr, ssr, sbr);
 #pragma unroll
     for (int i = 0; i < kGemvStages - 1; i++) {
-      if (i < NS)
+      if (i < NW)
         issue_stage(i);
       else
         cp_commit();
@@ -354,33 +349,31 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   //    after it into the slot the last one left (all lanes past the
   //    wait: the warp's barrier), then consume it from shared memory.
   if constexpr (HV == 2) {
-    if (NS == 0) return;
+    if (NW == 0) return;
     float acc[NR][B];
     zero(acc);
-    int c_col0 = first, c_kk = 0;
-    for (int e = 0; e < NS; e++) {
+    Walk at{first, 0};
+    for (int e = 0; e < NW; e++) {
       cp_wait<kGemvStages - 2>();
       __syncwarp();
       const int next = e + kGemvStages - 1;
-      if (next < NS)
+      if (next < NW)
         issue_stage(next % kGemvStages);
       else
         cp_commit();
-      const char* st = ring + (e % kGemvStages) * st_bytes;
+      const char* stage = ring + (e % kGemvStages) * st_bytes;
 #pragma unroll
-      for (int u = 0; u < HS; u++) {
+      for (int u = 0; u < H; u++) {
         uint4 wv[NR];
         T sv[NR], bv[NR];
-        const int ku = lane * V + (c_kk + u) * 32 * V;
+        const int ku = lane * V + (at.kk + u) * 32 * V;
 #pragma unroll
-        for (int r = 0; r < NR; r++) wv[r] = *reinterpret_cast<const uint4*>(st + (u * NR + r) * 512 + lane * 16);
+        for (int r = 0; r < NR; r++) wv[r] = *reinterpret_cast<const uint4*>(stage + (u * NR + r) * 512 + lane * 16);
         consume(acc, wv, sv, bv, ku);
       }
-      c_kk += HS;
-      if (c_kk == SL) {
-        finish(acc, c_col0);
-        c_kk = 0;
-        c_col0 += st_cols;
+      if (at.step(H, L)) {
+        finish(acc, at.col0);
+        at.next_group(step_cols);
       }
     }
     return;
@@ -388,26 +381,24 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   // 2. The halves: consume one while the other is in flight, then ask for
   //    the one after next in its registers.
   if constexpr (HV == 1) {
-    if (NH == 0) return;
+    if (NW == 0) return;
     float acc[NR][B];
     zero(acc);
-    int c_col0 = first, c_kk = 0;
+    Walk at{first, 0};
     auto consume_half = [&]<int I>() {
 #pragma unroll
-      for (int u = 0; u < H; u++) consume(acc, hw[I][u], hs[I][u], hb[I][u], lane * V + (c_kk + u) * 32 * V);
-      c_kk += H;
-      if (c_kk == L) {
-        finish(acc, c_col0);
-        c_kk = 0;
-        c_col0 += step_cols;
+      for (int u = 0; u < H; u++) consume(acc, hw[I][u], hs[I][u], hb[I][u], lane * V + (at.kk + u) * 32 * V);
+      if (at.step(H, L)) {
+        finish(acc, at.col0);
+        at.next_group(step_cols);
       }
     };
-    for (int h = 0; h < NH; h += 2) {
+    for (int h = 0; h < NW; h += 2) {
       consume_half.template operator()<0>();
-      if (h + 2 < NH) load_half.template operator()<0>();
-      if (h + 1 < NH) {
+      if (h + 2 < NW) load_half.template operator()<0>();
+      if (h + 1 < NW) {
         consume_half.template operator()<1>();
-        if (h + 3 < NH) load_half.template operator()<1>();
+        if (h + 3 < NW) load_half.template operator()<1>();
       }
     }
     return;

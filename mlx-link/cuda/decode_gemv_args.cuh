@@ -143,8 +143,10 @@ __device__ __forceinline__ int swz(int i) {
 // swz<XV>(c * XV + j), x's vector j (< XV) of span c, in unsigned
 // arithmetic: the products read it at every load, where signed division
 // cost a dozen instructions an address. (swz itself, signed, is left to
-// the once-a-block staging: written through this one, it changed every
-// quantized kernel's code, not measured yet.)
+// the once-a-block staging: written through this one, the same values,
+// it changed every quantized kernel's code; with a reordering of gemv's
+// walk that changed them too, Llama-8B 4-bit lost 1.1% on an H200,
+// 540.3-541.1 against 545.8-547.0 tok/s.)
 template <int XV>
 __device__ __forceinline__ unsigned swz_span(unsigned c, int j) {
   if constexpr (XV == 1) {
@@ -179,5 +181,21 @@ __host__ __device__ constexpr int gemv_stage_bytes(int nr, int hs) { return nr *
 __host__ __device__ constexpr size_t gemv_ring_at(bool norm, int rows, int k, int t_bytes) {
   return gemv_norm_at(0, rows, k, t_bytes) + (norm ? static_cast<size_t>(k) * t_bytes : 0);
 }
+
+// Where a warp is in its stream of column groups (gemv's HV = 1 and 2):
+// col0, its group's first column, and kk, the group's loads of a row
+// already taken. step() takes `per` more of the `loads` a group has, true
+// where that ends the group; next_group() then moves `cols` columns on.
+struct Walk {
+  int col0, kk;
+  __device__ __forceinline__ bool step(int per, int loads) {
+    kk += per;
+    return kk == loads;
+  }
+  __device__ __forceinline__ void next_group(int cols) {
+    kk = 0;
+    col0 += cols;
+  }
+};
 
 }  // namespace grove_fd
