@@ -86,31 +86,34 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   // (HV != 0: this warp's column groups, first then every step_cols, as
   // one stream of NW steps, H loads of each row a step, L / H steps a
   // group: halves in registers for HV = 1, stages in shared memory for
-  // HV = 2. A Walk follows the stream, once as it is asked for, once as
-  // it is consumed.)
+  // HV = 2. A Walk follows the stream twice: as it is asked for (ask, its
+  // rows' pointers arw, ars and arb) and as it is consumed.)
   constexpr int H = gemv_half_loads(NR);
   const int L = a.k / (32 * V), step_cols = gridDim.x * kGemvWarps * R;
   const int NW = HV != 0 && first < a.n ? ((a.n - 1 - first) / step_cols + 1) * (L / H) : 0;
+  const char* arw[NR];
+  const T* ars[NR];
+  const T* arb[NR];
+  Walk ask{first, 0};
+  auto ask_step = [&]() {
+    if (ask.step(H, L)) {
+      ask.next_group(step_cols);
+      if (ask.col0 < a.n) rows_of(ask.col0, arw, ars, arb);
+    }
+  };
   // (HV = 1: two halves in flight, each asked for as the one before it is
   // consumed, so that the warp always has loads in flight.)
   uint4 hw[2][H][NR];
   T hs[2][H][NR], hb[2][H][NR];
-  const char* hwr[NR];
-  const T* hsr[NR];
-  const T* hbr[NR];
-  Walk ld{first, 0};
   auto load_half = [&]<int I>() {
 #pragma unroll
     for (int u = 0; u < H; u++)
-      load_at(hwr, hsr, hbr, lane * V + (ld.kk + u) * 32 * V, hw[I][u], hs[I][u], hb[I][u]);
-    if (ld.step(H, L)) {
-      ld.next_group(step_cols);
-      if (ld.col0 < a.n) rows_of(ld.col0, hwr, hsr, hbr);
-    }
+      load_at(arw, ars, arb, lane * V + (ask.kk + u) * 32 * V, hw[I][u], hs[I][u], hb[I][u]);
+    ask_step();
   };
   auto fill = [&]() {
     if (NW == 0) return;
-    rows_of(first, hwr, hsr, hbr);
+    rows_of(first, arw, ars, arb);
     load_half.template operator()<0>();
     if (NW > 1) load_half.template operator()<1>();
   };
@@ -142,10 +145,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   constexpr int st_bytes = gemv_stage_bytes(NR, H);
   char* ring = reinterpret_cast<char*>(xs) + gemv_ring_at(NORM, a.rows, a.k, sizeof(T)) +
                static_cast<size_t>(warp) * kGemvStages * st_bytes;
-  const char* swr[NR];
-  const T* ssr[NR];
-  const T* sbr[NR];
-  Walk st{first, 0};
   auto issue_stage = [&](int slot) {
     char* stage = ring + slot * st_bytes;
     const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(stage));
@@ -154,15 +153,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
 #pragma unroll
       for (int r = 0; r < NR; r++)
         cp16(at + (u * NR + r) * 512 + lane * 16,
-             swr[r] + static_cast<unsigned>((st.kk + u) * 32 * V + lane * V) * sizeof(T), 16);
+             arw[r] + static_cast<unsigned>((ask.kk + u) * 32 * V + lane * V) * sizeof(T), 16);
     cp_commit();
-    if (st.step(H, L)) {
-      st.next_group(step_cols);
-      if (st.col0 < a.n) rows_of(st.col0, swr, ssr, sbr);
-    }
+    ask_step();
   };
   if constexpr (HV == 2) {
-    if (NW > 0) rows_of(first, swr, ssr, sbr);
+    if (NW > 0) rows_of(first, arw, ars, arb);
 #pragma unroll
     for (int i = 0; i < kGemvStages - 1; i++) {
       if (i < NW)
@@ -352,7 +348,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
     if (NW == 0) return;
     float acc[NR][B];
     zero(acc);
-    Walk at{first, 0};
+    Walk use{first, 0};
     for (int e = 0; e < NW; e++) {
       cp_wait<kGemvStages - 2>();
       __syncwarp();
@@ -366,14 +362,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
       for (int u = 0; u < H; u++) {
         uint4 wv[NR];
         T sv[NR], bv[NR];
-        const int ku = lane * V + (at.kk + u) * 32 * V;
+        const int ku = lane * V + (use.kk + u) * 32 * V;
 #pragma unroll
         for (int r = 0; r < NR; r++) wv[r] = *reinterpret_cast<const uint4*>(stage + (u * NR + r) * 512 + lane * 16);
         consume(acc, wv, sv, bv, ku);
       }
-      if (at.step(H, L)) {
-        finish(acc, at.col0);
-        at.next_group(step_cols);
+      if (use.step(H, L)) {
+        finish(acc, use.col0);
+        use.next_group(step_cols);
       }
     }
     return;
@@ -384,13 +380,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
     if (NW == 0) return;
     float acc[NR][B];
     zero(acc);
-    Walk at{first, 0};
+    Walk use{first, 0};
     auto consume_half = [&]<int I>() {
 #pragma unroll
-      for (int u = 0; u < H; u++) consume(acc, hw[I][u], hs[I][u], hb[I][u], lane * V + (at.kk + u) * 32 * V);
-      if (at.step(H, L)) {
-        finish(acc, at.col0);
-        at.next_group(step_cols);
+      for (int u = 0; u < H; u++) consume(acc, hw[I][u], hs[I][u], hb[I][u], lane * V + (use.kk + u) * 32 * V);
+      if (use.step(H, L)) {
+        finish(acc, use.col0);
+        use.next_group(step_cols);
       }
     };
     for (int h = 0; h < NW; h += 2) {
