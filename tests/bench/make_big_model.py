@@ -184,38 +184,38 @@ def packed(rows: int, cols: int, bits: int = 4, experts: int = 0) -> dict:
     }
 
 
-def linear(tensors: dict, name: str, rows: int, cols: int, q4: int) -> None:
-    """Adds `name.weight` (and scales/biases when quantized to `q4` bits)."""
-    if q4:
-        for key, value in packed(rows, cols, bits=q4).items():
+def linear(tensors: dict, name: str, rows: int, cols: int, bits: int) -> None:
+    """Adds `name.weight` (and scales/biases when quantized to `bits` bits; 0: bf16)."""
+    if bits:
+        for key, value in packed(rows, cols, bits=bits).items():
             tensors[f"{name}.{key}"] = value
     else:
         tensors[f"{name}.weight"] = dense(rows, cols)
 
 
-def layer_tensors(cfg: dict, i: int, q4: bool) -> dict:
+def layer_tensors(cfg: dict, i: int, bits: int) -> dict:
     """One decoder layer's tensors."""
     h, inter = cfg["hidden_size"], cfg["intermediate_size"]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim", h // heads)
     p = f"model.layers.{i}"
     t: dict = {}
-    linear(t, f"{p}.self_attn.q_proj", heads * hd, h, q4)
-    linear(t, f"{p}.self_attn.k_proj", kv * hd, h, q4)
-    linear(t, f"{p}.self_attn.v_proj", kv * hd, h, q4)
-    linear(t, f"{p}.self_attn.o_proj", h, heads * hd, q4)
+    linear(t, f"{p}.self_attn.q_proj", heads * hd, h, bits)
+    linear(t, f"{p}.self_attn.k_proj", kv * hd, h, bits)
+    linear(t, f"{p}.self_attn.v_proj", kv * hd, h, bits)
+    linear(t, f"{p}.self_attn.o_proj", h, heads * hd, bits)
     if cfg["model_type"] == "qwen3_moe":
         # The router 8-bit, the experts stacked 4- or 8-bit (mlx-lm's layout).
         e, mi = cfg["num_experts"], cfg["moe_intermediate_size"]
         for key, value in packed(e, h, bits=8).items():
             t[f"{p}.mlp.gate.{key}"] = value
         for name, rows, cols in (("gate_proj", mi, h), ("up_proj", mi, h), ("down_proj", h, mi)):
-            for key, value in packed(rows, cols, bits=q4, experts=e).items():
+            for key, value in packed(rows, cols, bits=bits, experts=e).items():
                 t[f"{p}.mlp.switch_mlp.{name}.{key}"] = value
     else:
-        linear(t, f"{p}.mlp.gate_proj", inter, h, q4)
-        linear(t, f"{p}.mlp.up_proj", inter, h, q4)
-        linear(t, f"{p}.mlp.down_proj", h, inter, q4)
+        linear(t, f"{p}.mlp.gate_proj", inter, h, bits)
+        linear(t, f"{p}.mlp.up_proj", inter, h, bits)
+        linear(t, f"{p}.mlp.down_proj", h, inter, bits)
     t[f"{p}.input_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
     t[f"{p}.post_attention_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
     if cfg["model_type"] in ("qwen3", "qwen3_moe"):
@@ -232,11 +232,10 @@ def main() -> None:
     ap.add_argument("--q8", dest="bits", action="store_const", const=8)
     ap.add_argument("--tokenizer-from", type=Path)
     args = ap.parse_args()
-    args.q4 = args.bits
     cfg = dict(SHAPES[args.shape], torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2)
-    if cfg["model_type"] == "qwen3_moe" and not args.q4:
+    if cfg["model_type"] == "qwen3_moe" and not args.bits:
         ap.error("the expert shapes are made quantized only (--q4, --q8)")
-    if args.q4:
+    if args.bits:
         cfg["quantization"] = {"group_size": GROUP, "bits": args.bits, "mode": "affine"}
         if cfg["model_type"] == "qwen3_moe":
             for i in range(cfg["num_hidden_layers"]):
@@ -246,14 +245,14 @@ def main() -> None:
     h, vocab = cfg["hidden_size"], cfg["vocab_size"]
     weight_map = {}
     shards = [{}]
-    linear(shards[0], "model.embed_tokens", vocab, h, args.q4)
+    linear(shards[0], "model.embed_tokens", vocab, h, args.bits)
     shards[0]["model.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
     if not cfg["tie_word_embeddings"]:
-        linear(shards[0], "lm_head", vocab, h, args.q4)
+        linear(shards[0], "lm_head", vocab, h, args.bits)
     for i in range(cfg["num_hidden_layers"]):
         if i % 4 == 0:
             shards.append({})
-        shards[-1].update(layer_tensors(cfg, i, args.q4))
+        shards[-1].update(layer_tensors(cfg, i, args.bits))
     n = len(shards)
     for k, shard in enumerate(shards, 1):
         name = f"model-{k:05d}-of-{n:05d}.safetensors"
@@ -265,7 +264,7 @@ def main() -> None:
         for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             if (args.tokenizer_from / f).exists():
                 shutil.copy(args.tokenizer_from / f, args.out / f)
-    print(f"{args.out}: {args.shape} {f'{args.bits}-bit' if args.q4 else 'bf16'}, {n} shards")
+    print(f"{args.out}: {args.shape} {f'{args.bits}-bit' if args.bits else 'bf16'}, {n} shards")
 
 
 if __name__ == "__main__":
