@@ -141,8 +141,9 @@ __device__ __forceinline__ int swz(int i) {
 }
 
 // swz<XV>(c * XV + j), x's vector j (< XV) of span c, in unsigned
-// arithmetic: the products read it at every load, where signed division
-// cost a dozen instructions an address. (swz itself, signed, is left to
+// arithmetic: gemv takes each lane's offsets from it once (its xo; signed
+// division at every load had cost a dozen instructions an address, and
+// this one at every load about a tenth of the product). (swz itself, signed, is left to
 // the once-a-block staging: written through this one, the same values,
 // it changed every quantized kernel's code; with a reordering of gemv's
 // walk that changed them too, Llama-8B 4-bit lost 1.1% on an H200,
