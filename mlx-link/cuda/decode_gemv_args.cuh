@@ -143,11 +143,11 @@ __device__ __forceinline__ int swz(int i) {
 // swz<XV>(c * XV + j), x's vector j (< XV) of span c, in unsigned
 // arithmetic: gemv takes each lane's offsets from it once (its xo; signed
 // division at every load had cost a dozen instructions an address, and
-// this one at every load about a tenth of the product). (swz itself, signed, is left to
-// the once-a-block staging: written through this one, the same values,
-// it changed every quantized kernel's code; with a reordering of gemv's
-// walk that changed them too, Llama-8B 4-bit lost 1.1% on an H200,
-// 540.3-541.1 against 545.8-547.0 tok/s.)
+// this one at every load about a tenth of the product). (swz itself,
+// signed, is left to the once-a-block staging: written through this one,
+// the same values, it changed every quantized kernel's code; with a
+// reordering of gemv's walk that changed them too, Llama-8B 4-bit lost
+// 1.1% on an H200, 540.3-541.1 against 545.8-547.0 tok/s.)
 template <int XV>
 __device__ __forceinline__ unsigned swz_span(unsigned c, int j) {
   if constexpr (XV == 1) {
