@@ -219,13 +219,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
     if constexpr (Q == 0) {
       for (int i = threadIdx.x; i < a.rows * k8; i += blockDim.x) {
         const int b = i / k8, c = i - b * k8;
-        float v[8], g[8];
+        float v[8];
         uint4& slot = xs[b * k8 + swz<XV>(c)];
-        unpack8<T>(slot, v);
-        unpack8<T>(nws[c], g);
-        // MLX's rms_norm: w * T(x * inv), each product rounded to T.
-#pragma unroll
-        for (int j = 0; j < 8; j++) v[j] = g[j] * rt<T>(v[j] * inv[b]);
+        rms_norm8<T>(slot, nws[c], inv[b], v);
         slot = pack8<T>(v);
       }
       __syncthreads();
@@ -250,13 +246,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
       float v[8];
       float t = 0.f, m = 0.f;
       if (in) {
-        unpack8<T>(xs[b * k8 + swz<XV>(c)], v);
         if constexpr (NORM) {
-          // MLX's rms_norm, as the pass above for dense weights, in T.
-          float g[8];
-          unpack8<T>(nws[c], g);
+          rms_norm8<T>(xs[b * k8 + swz<XV>(c)], nws[c], inv[b], v);
 #pragma unroll
-          for (int e = 0; e < 8; e++) v[e] = Num<T>::to(Num<T>::from(g[e] * rt<T>(v[e] * inv[b])));
+          for (int e = 0; e < 8; e++) v[e] = Num<T>::to(Num<T>::from(v[e]));  // (in T, as stored above)
+        } else {
+          unpack8<T>(xs[b * k8 + swz<XV>(c)], v);
         }
 #pragma unroll
         for (int e = 0; e < 8; e++) {

@@ -75,6 +75,18 @@ __device__ __forceinline__ uint4 pack8(const float v[8]) {
   return out;
 }
 
+// MLX's rms_norm of one 16-byte vector x of a row (w: the norm's weights
+// there, inv: the row's 1 / rms): w * T(x * inv), each product rounded to
+// T, into out (the caller stores it in T).
+template <class T>
+__device__ __forceinline__ void rms_norm8(const uint4 x, const uint4 w, float inv, float out[8]) {
+  float g[8];
+  unpack8<T>(x, out);
+  unpack8<T>(w, g);
+#pragma unroll
+  for (int j = 0; j < 8; j++) out[j] = g[j] * rt<T>(out[j] * inv);
+}
+
 // Integer dot products of four byte pairs added to c (PTX dp4a): a's bytes
 // unsigned, b's signed (us) or unsigned (uu).
 __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {

@@ -67,11 +67,8 @@ __global__ void __launch_bounds__(kWarps * 32) norm_rows(const void* xv, int64_t
   for (int w = 0; w < kWarps; w++) t += part[w];
   const float inv = rsqrtf(t / k + eps);
   for (int c = threadIdx.x; c < k / 8; c += blockDim.x) {
-    float v[8], g[8];
-    unpack8<T>(*reinterpret_cast<const uint4*>(x + c * 8), v);
-    unpack8<T>(*reinterpret_cast<const uint4*>(nw + c * 8), g);
-#pragma unroll
-    for (int i = 0; i < 8; i++) v[i] = g[i] * rt<T>(v[i] * inv);
+    float v[8];
+    rms_norm8<T>(*reinterpret_cast<const uint4*>(x + c * 8), *reinterpret_cast<const uint4*>(nw + c * 8), inv, v);
     *reinterpret_cast<uint4*>(out + c * 8) = pack8<T>(v);
   }
 }
