@@ -174,109 +174,155 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   // 1. x into shared memory; for NORM each row's 1 / rms over all K, then
   //    the normalized values in place; for Q the spans' sums and integers
   //    (and there, for NORM, the normalized values).
-  for (int i = threadIdx.x; i < a.rows * k8; i += blockDim.x) {
-    const int b = i / k8, c = i - b * k8;
-    xs[b * k8 + swz<XV>(c)] = *reinterpret_cast<const uint4*>(x + b * a.x_stride + c * 8);
-  }
-  if constexpr (NORM) {
-    if constexpr (HV == 2)
-      cp_wait<kGemvStages - 1>();  // the norm's group, older than the stages'
-    else
-      cp_wait<0>();
-  }
-  __syncthreads();
+  // (One row of quantized weights where x is at most kFuseVecs vectors a
+  // thread: each thread keeps its vectors of x in registers from the load
+  // through the norm to the split, the same values in the same order as the
+  // passes through shared memory below, with one barrier (two for NORM)
+  // fewer and no pass reading x back. H100, Llama-8B 4-bit, three rounds:
+  // 466.8-473.8 tok/s against 463.1-464.4; logits bit for bit equal on
+  // llama-small 4- and 8-bit, qwen3-small 4-bit and qwen3-moe-small 4-bit.)
+  bool fused = false;
+  if constexpr (Q != 0 && B == 1) fused = k8 <= kFuseVecs * static_cast<int>(blockDim.x);
   __shared__ float inv[B];  // (NORM: each row's 1 / rms)
-  if constexpr (NORM) {
-    __shared__ float part[kGemvWarps][B];
-    float ss[B];
+  if (fused) {
+    if constexpr (Q != 0 && B == 1) {
+      uint4 xr[kFuseVecs];
 #pragma unroll
-    for (int b = 0; b < B; b++) ss[b] = 0.f;
-#pragma unroll
-    for (int b = 0; b < B; b++) {
-      if (b < a.rows) {
-        for (int c = threadIdx.x; c < k8; c += blockDim.x) {
-          float v[8];
-          unpack8<T>(xs[b * k8 + c], v);
-#pragma unroll
-          for (int i = 0; i < 8; i++) ss[b] += v[i] * v[i];
-        }
+      for (int n = 0; n < kFuseVecs; n++) {
+        const int c = threadIdx.x + n * blockDim.x;
+        if (c < k8) xr[n] = *reinterpret_cast<const uint4*>(x + c * 8);
       }
-    }
+      float inv1 = 0.f;
+      if constexpr (NORM) {
+        cp_wait<0>();
+        __shared__ float fpart[kGemvWarps];
+        float ss = 0.f;
 #pragma unroll
-    for (int b = 0; b < B; b++) {
-      float t = warp_sum(ss[b]);
-      if (lane == 0) part[warp][b] = t;
-    }
-    __syncthreads();
-    if (threadIdx.x < B) {
-      float t = 0.f;
+        for (int n = 0; n < kFuseVecs; n++) {
+          if (threadIdx.x + n * blockDim.x < k8) {
+            float v[8];
+            unpack8<T>(xr[n], v);
 #pragma unroll
-      for (int w = 0; w < kGemvWarps; w++) t += part[w][threadIdx.x];
-      inv[threadIdx.x] = rsqrtf(t / a.k + a.eps);
-    }
-    __syncthreads();
-    // (Q: normalized in the split's pass below.)
-    if constexpr (Q == 0) {
-      for (int i = threadIdx.x; i < a.rows * k8; i += blockDim.x) {
-        const int b = i / k8, c = i - b * k8;
+            for (int e = 0; e < 8; e++) ss += v[e] * v[e];
+          }
+        }
+        const float t = warp_sum(ss);
+        if (lane == 0) fpart[warp] = t;
+        __syncthreads();
+        float tot = 0.f;
+#pragma unroll
+        for (int w = 0; w < kGemvWarps; w++) tot += fpart[w];
+        inv1 = rsqrtf(tot / a.k + a.eps);
+      }
+#pragma unroll
+      for (int n = 0; n < kFuseVecs; n++) {
+        const int c0 = threadIdx.x - lane + n * blockDim.x;
+        if (c0 >= k8) break;
+        const int c = c0 + lane;
+        const bool in = c < k8;
         float v[8];
-        uint4& slot = xs[b * k8 + swz<XV>(c)];
-        rms_norm8<T>(slot, nws[c], inv[b], v);
-        slot = pack8<T>(v);
+        float t = 0.f, m = 0.f;
+        if (in) {
+          if constexpr (NORM) {
+            rms_norm8<T>(xr[n], nws[c], inv1, v);
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] = Num<T>::to(Num<T>::from(v[e]));
+          } else {
+            unpack8<T>(xr[n], v);
+          }
+          span_stats(v, t, m);
+        }
+        span_reduce<XV>(t, m);
+        if (in) split_store<Q, XV>(v, t, m, xs + swz<XV>(c), xsum, xscale, c);
       }
       __syncthreads();
     }
-  }
-  if constexpr (Q != 0) {
-    // Each span's sum and scale, and the span in place as split8's integers
-    // (as many bytes as its values in T), for NORM normalized in the same
-    // pass: a thread a 16-byte vector, the XV lanes of a span adding their
-    // vectors' sums in pairs (shuffles) and taking their largest |x|. (The
-    // loop is the warp's: every lane takes the shuffles, those past the end
-    // with nothing.) H200, Llama-8B 4-bit, three rounds: 552.2-553.4 tok/s
-    // against 550.4-551.3 with a pass for the norm and a thread a span
-    // (550.4-551.1 with only the thread a vector); logits bit for bit equal
-    // on llama-small 4-bit and qwen3-small 8-bit, though a span's sum in
-    // pairs may differ from its sum in order in the last bit.
-    const int nv = a.rows * k8;
-    for (int i0 = threadIdx.x - lane; i0 < nv; i0 += blockDim.x) {
-      const int i = i0 + lane;
-      const bool in = i < nv;
-      const int b = in ? i / k8 : 0, c = i - b * k8;
-      float v[8];
-      float t = 0.f, m = 0.f;
-      if (in) {
-        if constexpr (NORM) {
-          rms_norm8<T>(xs[b * k8 + swz<XV>(c)], nws[c], inv[b], v);
-#pragma unroll
-          for (int e = 0; e < 8; e++) v[e] = Num<T>::to(Num<T>::from(v[e]));  // (in T, as stored above)
-        } else {
-          unpack8<T>(xs[b * k8 + swz<XV>(c)], v);
-        }
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-          t += v[e];
-          m = fmaxf(m, fabsf(v[e]));
-        }
-      }
-#pragma unroll
-      for (int d = 1; d < XV; d *= 2) {
-        t += __shfl_xor_sync(0xffffffffu, t, d);
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
-      }
-      if (in) {
-        const float to_int = m > 0.f ? 32767.f / m : 0.f;
-        int q[8];
-#pragma unroll
-        for (int e = 0; e < 8; e++) q[e] = max(-32767, min(32767, __float2int_rn(v[e] * to_int)));
-        xs[b * k8 + swz<XV>(c)] = split8<Q>(q);
-        if (c % XV == 0) {
-          xsum[b * kv + c / XV] = t;
-          xscale[b * kv + c / XV] = m / 32767.f;
-        }
-      }
+  } else {
+    for (int i = threadIdx.x; i < a.rows * k8; i += blockDim.x) {
+      const int b = i / k8, c = i - b * k8;
+      xs[b * k8 + swz<XV>(c)] = *reinterpret_cast<const uint4*>(x + b * a.x_stride + c * 8);
+    }
+    if constexpr (NORM) {
+      if constexpr (HV == 2)
+        cp_wait<kGemvStages - 1>();  // the norm's group, older than the stages'
+      else
+        cp_wait<0>();
     }
     __syncthreads();
+    if constexpr (NORM) {
+      __shared__ float part[kGemvWarps][B];
+      float ss[B];
+#pragma unroll
+      for (int b = 0; b < B; b++) ss[b] = 0.f;
+#pragma unroll
+      for (int b = 0; b < B; b++) {
+        if (b < a.rows) {
+          for (int c = threadIdx.x; c < k8; c += blockDim.x) {
+            float v[8];
+            unpack8<T>(xs[b * k8 + c], v);
+#pragma unroll
+            for (int i = 0; i < 8; i++) ss[b] += v[i] * v[i];
+          }
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < B; b++) {
+        float t = warp_sum(ss[b]);
+        if (lane == 0) part[warp][b] = t;
+      }
+      __syncthreads();
+      if (threadIdx.x < B) {
+        float t = 0.f;
+#pragma unroll
+        for (int w = 0; w < kGemvWarps; w++) t += part[w][threadIdx.x];
+        inv[threadIdx.x] = rsqrtf(t / a.k + a.eps);
+      }
+      __syncthreads();
+      // (Q: normalized in the split's pass below.)
+      if constexpr (Q == 0) {
+        for (int i = threadIdx.x; i < a.rows * k8; i += blockDim.x) {
+          const int b = i / k8, c = i - b * k8;
+          float v[8];
+          uint4& slot = xs[b * k8 + swz<XV>(c)];
+          rms_norm8<T>(slot, nws[c], inv[b], v);
+          slot = pack8<T>(v);
+        }
+        __syncthreads();
+      }
+    }
+    if constexpr (Q != 0) {
+      // Each span's sum and scale, and the span in place as split8's integers
+      // (as many bytes as its values in T), for NORM normalized in the same
+      // pass: a thread a 16-byte vector, the XV lanes of a span adding their
+      // vectors' sums in pairs (shuffles) and taking their largest |x|. (The
+      // loop is the warp's: every lane takes the shuffles, those past the end
+      // with nothing.) H200, Llama-8B 4-bit, three rounds: 552.2-553.4 tok/s
+      // against 550.4-551.3 with a pass for the norm and a thread a span
+      // (550.4-551.1 with only the thread a vector); logits bit for bit equal
+      // on llama-small 4-bit and qwen3-small 8-bit, though a span's sum in
+      // pairs may differ from its sum in order in the last bit.
+      const int nv = a.rows * k8;
+      for (int i0 = threadIdx.x - lane; i0 < nv; i0 += blockDim.x) {
+        const int i = i0 + lane;
+        const bool in = i < nv;
+        const int b = in ? i / k8 : 0, c = i - b * k8;
+        float v[8];
+        float t = 0.f, m = 0.f;
+        if (in) {
+          if constexpr (NORM) {
+            rms_norm8<T>(xs[b * k8 + swz<XV>(c)], nws[c], inv[b], v);
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] = Num<T>::to(Num<T>::from(v[e]));  // (in T, as stored above)
+          } else {
+            unpack8<T>(xs[b * k8 + swz<XV>(c)], v);
+          }
+          span_stats(v, t, m);
+        }
+        span_reduce<XV>(t, m);
+        if (in) split_store<Q, XV>(v, t, m, xs + b * k8 + swz<XV>(c), xsum + b * kv, xscale + b * kv, c);
+      }
+      __syncthreads();
+    }
   }
   // A column group's sums, zeroed.
   auto zero = [](float (&acc)[NR][B]) {

@@ -131,6 +131,41 @@ __device__ __forceinline__ uint4 split8(const int v[8]) {
   }
 }
 
+// One 16-byte vector's part of its span's sum and largest |x| (t, m), the
+// XV lanes of a span (adjacent) then adding theirs in pairs and taking their
+// largest (every lane of the warp takes the shuffles), and the vector stored
+// at `at` as split8's integers of the span's scale, with the span's sum and
+// scale where the vector is its span's first (c: the vector's index in the
+// row; sums and scales: the row's).
+__device__ __forceinline__ void span_stats(const float v[8], float& t, float& m) {
+#pragma unroll
+  for (int e = 0; e < 8; e++) {
+    t += v[e];
+    m = fmaxf(m, fabsf(v[e]));
+  }
+}
+template <int XV>
+__device__ __forceinline__ void span_reduce(float& t, float& m) {
+#pragma unroll
+  for (int d = 1; d < XV; d *= 2) {
+    t += __shfl_xor_sync(0xffffffffu, t, d);
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
+  }
+}
+template <int Q, int XV>
+__device__ __forceinline__ void split_store(const float v[8], float t, float m, uint4* at, float* sums, float* scales,
+                                            int c) {
+  const float to_int = m > 0.f ? 32767.f / m : 0.f;
+  int q[8];
+#pragma unroll
+  for (int e = 0; e < 8; e++) q[e] = max(-32767, min(32767, __float2int_rn(v[e] * to_int)));
+  *at = split8<Q>(q);
+  if (c % XV == 0) {
+    sums[c / XV] = t;
+    scales[c / XV] = m / 32767.f;
+  }
+}
+
 // A lane's 16-byte load of weights in T (Q = 0) or Q bits: the values it
 // holds, and the 16-byte vectors of x they meet.
 template <int Q>
@@ -168,6 +203,10 @@ __device__ __forceinline__ unsigned swz_span(unsigned c, int j) {
     return c * XV + (j + c / (8 / XV)) % XV;
   }
 }
+
+// Vectors of x a thread keeps in registers from its load to its split (gemv,
+// one row of quantized weights: K up to 4 * 8 * 512 values).
+constexpr int kFuseVecs = 4;
 
 __host__ __device__ constexpr size_t gemv_smem(int q, int rows, int k, int t_bytes) {
   return static_cast<size_t>(rows) * k * t_bytes + (q == 0 ? 0 : static_cast<size_t>(rows) * (k / (128 / q)) * 8);
