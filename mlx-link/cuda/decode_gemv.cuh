@@ -174,18 +174,24 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
   // 1. x into shared memory; for NORM each row's 1 / rms over all K, then
   //    the normalized values in place; for Q the spans' sums and integers
   //    (and there, for NORM, the normalized values).
-  // (One row of quantized weights where x is at most kFuseVecs vectors a
-  // thread: each thread keeps its vectors of x in registers from the load
-  // through the norm to the split, the same values in the same order as the
+  // (One row of quantized weights, or of dense ones with NORM, where x is at
+  // most kFuseVecs vectors a thread: each thread keeps its vectors of x in
+  // registers from the load through the norm to the split (dense: to the
+  // normalized values' store), the same values in the same order as the
   // passes through shared memory below, with one barrier (two for NORM)
-  // fewer and no pass reading x back. H100, Llama-8B 4-bit, three rounds:
-  // 466.8-473.8 tok/s against 463.1-464.4; logits bit for bit equal on
-  // llama-small 4- and 8-bit, qwen3-small 4-bit and qwen3-moe-small 4-bit.)
+  // fewer and no pass reading x back (dense NORM: two of four, and two
+  // passes). Quantized, H100, Llama-8B 4-bit, three rounds: 466.8-473.8
+  // tok/s against 463.1-464.4; with the dense one too, H200, two rounds:
+  // Llama-8B 4-bit 558.8-564.8 against 555.8-556.2, Qwen3-4B bf16
+  // 404.8-405.0 against 402.8-402.9, Llama-1B bf16 1230.1-1255.1 against
+  // 1229.5-1242.1, Llama-8B bf16 243.3-247.7 against 246.0-246.3. Logits
+  // bit for bit equal on llama-small bf16, 4- and 8-bit, qwen3-small bf16
+  // and 4-bit and qwen3-moe-small 4-bit.)
   bool fused = false;
-  if constexpr (Q != 0 && B == 1) fused = k8 <= kFuseVecs * static_cast<int>(blockDim.x);
+  if constexpr ((Q != 0 || NORM) && B == 1) fused = k8 <= kFuseVecs * static_cast<int>(blockDim.x);
   __shared__ float inv[B];  // (NORM: each row's 1 / rms)
   if (fused) {
-    if constexpr (Q != 0 && B == 1) {
+    if constexpr ((Q != 0 || NORM) && B == 1) {
       uint4 xr[kFuseVecs];
 #pragma unroll
       for (int n = 0; n < kFuseVecs; n++) {
@@ -194,7 +200,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
       }
       float inv1 = 0.f;
       if constexpr (NORM) {
-        cp_wait<0>();
+        if constexpr (HV == 2)
+          cp_wait<kGemvStages - 1>();  // (as below)
+        else
+          cp_wait<0>();
         __shared__ float fpart[kGemvWarps];
         float ss = 0.f;
 #pragma unroll
@@ -215,7 +224,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv(const GemvArgs a) {
         inv1 = rsqrtf(tot / a.k + a.eps);
       }
 #pragma unroll
-      for (int n = 0; n < kFuseVecs; n++) {
+      for (int n = 0; n < kFuseVecs && Q == 0; n++) {
+        const int c = threadIdx.x + n * blockDim.x;
+        if (c < k8) {
+          float v[8];
+          rms_norm8<T>(xr[n], nws[c], inv1, v);
+          xs[c] = pack8<T>(v);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kFuseVecs && Q != 0; n++) {
         const int c0 = threadIdx.x - lane + n * blockDim.x;
         if (c0 >= k8) break;
         const int c = c0 + lane;
