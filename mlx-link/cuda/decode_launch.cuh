@@ -284,9 +284,15 @@ void gemv_rows(int rows, int mode, bool norm, int bits, bool tc, const TcScratch
 }
 
 // Key ranges per (row, head): kSplits where heads and rows alone leave SMs
-// idle (one row), fewer as rows fill the GPU (about 8 blocks per SM in
-// all; GROVE_FD_SPLITS caps it).
+// idle, fewer as rows fill the GPU (about 8 blocks per SM in all), and
+// one_row_splits for one row (GROVE_FD_SPLITS caps both). Six ranges for
+// one row against eight (H200, two rounds, 512-token prompt, 256 tokens):
+// Llama-1B bf16 1261.5-1271.1 tok/s against 1228.2-1255.0, Llama-8B 4-bit
+// 567.6-567.9 against 564.6-564.8, Qwen3-4B bf16 406.1-406.2 against
+// 405.0-405.2, Llama-8B bf16 247.8 against 246.4-247.7; four: Llama-8B
+// 4-bit 563.6-564.2.
 inline int max_splits = kSplits;
+inline int one_row_splits = 6;
 
 // Batches of grouped-query models (2 or 4 query heads per KV head) from
 // gqa_rows rows (GROVE_FD_GQA=N; 0: never) take attend_gqa: as many key
@@ -315,7 +321,7 @@ void launch_attend(const AttnArgs& a, int rows, int head_dim, cudaStream_t s) {
     if (head_dim == 64) return group == 2 ? launch_gqa<T, 64, 2>(a, rows, s) : launch_gqa<T, 64, 4>(a, rows, s);
     return group == 2 ? launch_gqa<T, 128, 2>(a, rows, s) : launch_gqa<T, 128, 4>(a, rows, s);
   }
-  const int splits = std::clamp(8 * sm_count() / (a.heads * rows), 1, max_splits);
+  const int splits = std::clamp(8 * sm_count() / (a.heads * rows), 1, rows == 1 ? one_row_splits : max_splits);
   dim3 grid(a.heads, rows, splits), block(kWarps * 32);
   if (head_dim == 64)
     launch(pdl, attend<T, 64>, grid, block, 0, s, a);
