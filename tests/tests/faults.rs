@@ -106,8 +106,11 @@ async fn served(c: &mut GroveClient<Channel>, model: &str) -> Result<()> {
     Ok(())
 }
 
-/// Templates that loop, grow and stall end in INVALID_ARGUMENT naming the limit,
-/// fast; the runner's memory stays small, and the same runner serves on.
+/// Templates that loop and grow end in INVALID_ARGUMENT naming the limit, fast;
+/// the runner's memory stays small, and the same runner serves on. (The time
+/// limit is far off here, so that each case meets the limit it is for even
+/// when the machine is busy: under `make test`'s load the string doubling once
+/// took past a 3 s limit before it reached its memory limit.)
 #[tokio::test]
 async fn hostile_templates_are_stopped_by_their_limits() -> Result<()> {
     let cases = [
@@ -127,56 +130,79 @@ async fn hostile_templates_are_stopped_by_their_limits() -> Result<()> {
             "256 MiB of memory",
         ),
         (
-            "slow string work",
-            "{% for i in range(4000) %}{% set x = ('ab' * 4000000)|replace('a', 'c') %}{% endfor %}hi",
-            "did not finish within",
-        ),
-        (
             "raise_exception",
             "{{ raise_exception('no such role') }}",
             "rejected the conversation: no such role",
         ),
     ];
     let (_d, mut c) = Daemon::start(&[
-        ("GROVE_TEMPLATE_TIMEOUT", "3"),
+        ("GROVE_TEMPLATE_TIMEOUT", "60"),
         ("GROVE_TEMPLATE_MEMORY", "268435456"),
     ])
     .await?;
     for (what, template, expected) in cases {
-        let dir = with_template(template)?;
-        let model = path_str(dir.path());
-        served(&mut c, &model).await?;
-        let pid = runner_pid(&mut c, &model).await?;
-        let before = peak_rss_mib(pid)?;
-        let started = Instant::now();
-        let err = c
-            .chat(chat(&model, "hi", 4))
-            .await
-            .err()
-            .with_context(|| format!("{what}: the chat succeeded"))?;
-        let took = started.elapsed();
-        ensure!(
-            err.code() == tonic::Code::InvalidArgument && err.message().contains(expected),
-            "{what}: {err:?}"
-        );
-        ensure!(took < Duration::from_secs(8), "{what}: took {took:?}");
-        let peak = peak_rss_mib(pid)?;
-        ensure!(
-            peak < before + 64,
-            "{what}: runner peak RSS grew from {before} to {peak} MiB"
-        );
-        served(&mut c, &model).await?;
-        ensure!(
-            runner_pid(&mut c, &model).await? == pid,
-            "{what}: the runner restarted"
-        );
-        eprintln!(
-            "hostile template: {what}: error after {:.2}s, runner peak RSS {peak} MiB: {}",
-            took.as_secs_f64(),
-            err.message()
-        );
-        c.unload(pb::UnloadRequest { model }).await?;
+        stopped(&mut c, what, template, expected, Duration::from_secs(20)).await?;
     }
+    Ok(())
+}
+
+/// A template that stalls ends at the time limit, as the others at theirs.
+#[tokio::test]
+async fn slow_templates_are_stopped_by_their_time_limit() -> Result<()> {
+    let (_d, mut c) = Daemon::start(&[("GROVE_TEMPLATE_TIMEOUT", "3")]).await?;
+    stopped(
+        &mut c,
+        "slow string work",
+        "{% for i in range(4000) %}{% set x = ('ab' * 4000000)|replace('a', 'c') %}{% endfor %}hi",
+        "did not finish within",
+        Duration::from_secs(8),
+    )
+    .await
+}
+
+/// Chats on a model whose template is `template`: INVALID_ARGUMENT naming
+/// `expected` within `bound`, the runner's peak memory within 64 MiB of what it
+/// was, and the same runner serving a raw prompt before and after.
+async fn stopped(
+    c: &mut GroveClient<Channel>,
+    what: &str,
+    template: &str,
+    expected: &str,
+    bound: Duration,
+) -> Result<()> {
+    let dir = with_template(template)?;
+    let model = path_str(dir.path());
+    served(c, &model).await?;
+    let pid = runner_pid(c, &model).await?;
+    let before = peak_rss_mib(pid)?;
+    let started = Instant::now();
+    let err = c
+        .chat(chat(&model, "hi", 4))
+        .await
+        .err()
+        .with_context(|| format!("{what}: the chat succeeded"))?;
+    let took = started.elapsed();
+    ensure!(
+        err.code() == tonic::Code::InvalidArgument && err.message().contains(expected),
+        "{what}: {err:?}"
+    );
+    ensure!(took < bound, "{what}: took {took:?}");
+    let peak = peak_rss_mib(pid)?;
+    ensure!(
+        peak < before + 64,
+        "{what}: runner peak RSS grew from {before} to {peak} MiB"
+    );
+    served(c, &model).await?;
+    ensure!(
+        runner_pid(c, &model).await? == pid,
+        "{what}: the runner restarted"
+    );
+    eprintln!(
+        "hostile template: {what}: error after {:.2}s, runner peak RSS {peak} MiB: {}",
+        took.as_secs_f64(),
+        err.message()
+    );
+    c.unload(pb::UnloadRequest { model }).await?;
     Ok(())
 }
 
