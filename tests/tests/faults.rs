@@ -176,9 +176,10 @@ async fn stopped(
     let pid = runner_pid(c, &model).await?;
     let before = peak_rss_mib(pid)?;
     let started = Instant::now();
-    let err = c
-        .chat(chat(&model, "hi", 4))
+    let wait = bound + Duration::from_secs(30);
+    let err = tokio::time::timeout(wait, c.chat(chat(&model, "hi", 4)))
         .await
+        .with_context(|| format!("{what}: no answer within {wait:?}"))?
         .err()
         .with_context(|| format!("{what}: the chat succeeded"))?;
     let took = started.elapsed();
