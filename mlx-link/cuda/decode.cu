@@ -430,6 +430,9 @@ int grove_fd_new(const Dims* dims, const grove_fd::MatIn* mats, int n_mats, void
     pdl = pdl_supported() && (pdl_env == nullptr || std::strcmp(pdl_env, "0") != 0);
     const char* max_mb = std::getenv("GROVE_FD_PDL_MAX_MB");
     if (max_mb != nullptr) pdl_max_bytes = static_cast<size_t>(std::strtoull(max_mb, nullptr, 10)) << 20;
+    const char* gemv_max_mb = std::getenv("GROVE_FD_GEMV_PDL_MAX_MB");
+    if (gemv_max_mb != nullptr)
+      gemv_pdl_max_bytes = static_cast<size_t>(std::strtoull(gemv_max_mb, nullptr, 10)) << 20;
     env_int("GROVE_FD_TC_BLOCKS", 1, INT_MAX, grove_fd::tc_blocks);
     env_int("GROVE_FD_TC_SPLITS", 1, grove_fd::kTcMaxSplits, grove_fd::tc_splits);
     env_int("GROVE_FD_PIPE", 0, 2, grove_fd::pipe);

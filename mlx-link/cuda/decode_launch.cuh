@@ -51,20 +51,28 @@ inline size_t max_smem() {
 // kernel before them (decode_common.cuh's wait_prior): Hopper on, unless
 // GROVE_FD_PDL=0 (to compare). Set when a plan is made.
 inline bool pdl = false;
-// Products of more weight bytes than this (100 MiB; Qwen3-4B's gate/up
-// 99.6 MB stays under) are launched without it: as
-// dependents, Llama-8B bf16's gate/up (235 MB) and down (117 MB) made its
-// step slower (H200, the same library in one run: 200.7 tok/s with every
-// kernel dependent, 214.6 with these two launched plainly, 214.4 with no
-// kernel dependent), while launching the heads (295-525 MB) plainly costs
-// Llama-1B and -8B 4-bit nothing (993.0 / 424.4 against 984.2 / 421.5).
-// Why the large ones lose was not found. GROVE_FD_PDL_MAX_MB changes it.
+// The tensor-core and pipelined products (batches past gemv's rows) of
+// more weight bytes than this (100 MiB; Qwen3-4B's gate/up 99.6 MB stays
+// under) are launched without it: as dependents, Llama-8B bf16's gate/up
+// (235 MB) and down (117 MB) made 32 streams slower (H200, 128 + 128
+// tokens: 2977.5 tok/s with a 300 MiB bound against 3591.8, 8 streams
+// 1348.7 against 1365.4). GROVE_FD_PDL_MAX_MB changes it.
 inline size_t pdl_max_bytes = size_t{100} << 20;
+// gemv's bound (GROVE_FD_GEMV_PDL_MAX_MB; none by default). Once gemv's
+// dense products staged their first loads through a ring of shared memory
+// (stop 51), a dependent launch of the large ones turned from a loss (stop
+// 47: 214.1-219.6 tok/s against 230.1-232.6 on Llama-8B bf16) into a win:
+// H200, two rounds, 512-token prompt, 256 tokens, Llama-8B bf16 257.0-258.8
+// (every product dependent; 257.2-258.5 with a bound of 300 MiB) against
+// 246.5-247.9 with 100 MiB, Llama-1B bf16 (its 525 MB head) 1267.8-1274.1
+// against 1266.4-1269.1 (three rounds), Llama-8B 4-bit 568.8-569.5 against
+// 567.9-568.4, Qwen3-4B 406.6-406.7 against 405.5-406.1; logits bit for bit.
+inline size_t gemv_pdl_max_bytes = SIZE_MAX;
 
 // Whether a product of `row_bytes` per output column (kGlu: per matrix)
-// is launched as a programmatic dependent (pdl, at most pdl_max_bytes).
-inline bool dependent(const GemvArgs& a, size_t row_bytes, int mode) {
-  return pdl && static_cast<size_t>(a.n) * row_bytes * (mode == kGlu ? 2 : 1) <= pdl_max_bytes;
+// is launched as a programmatic dependent (pdl, at most `max_bytes`).
+inline bool dependent(const GemvArgs& a, size_t row_bytes, int mode, size_t max_bytes = pdl_max_bytes) {
+  return pdl && static_cast<size_t>(a.n) * row_bytes * (mode == kGlu ? 2 : 1) <= max_bytes;
 }
 
 // As many blocks as the GPU holds at once (each then takes tiles or column
@@ -118,7 +126,7 @@ void launch_gemv(const GemvArgs& a, cudaStream_t s, int pairs = 1) {
     blocks = std::clamp(resident / pairs, 1, groups);  // (one wave: a block an SM)
   }
   // (`dependent` weighs the bytes of all pairs.)
-  launch(dependent(a, row_bytes * pairs, MODE), kernel, dim3(blocks, pairs), kGemvWarps * 32, smem, s, a);
+  launch(dependent(a, row_bytes * pairs, MODE, gemv_pdl_max_bytes), kernel, dim3(blocks, pairs), kGemvWarps * 32, smem, s, a);
 }
 
 // One column per warp where the columns fit the warps the GPU holds at

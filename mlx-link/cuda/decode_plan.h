@@ -56,6 +56,7 @@ enum { kLn1, kLn2, kQn, kKn, kVecs };
 using grove_fd::check;
 using grove_fd::pdl;
 using grove_fd::pdl_max_bytes;
+using grove_fd::gemv_pdl_max_bytes;
 using grove_fd::pdl_supported;
 
 using grove_fd::mut_ptr;
