@@ -440,6 +440,7 @@ int grove_fd_new(const Dims* dims, const grove_fd::MatIn* mats, int n_mats, void
     env_int("GROVE_FD_GQA_SPLITS", 1, grove_fd::kGqaSplits, grove_fd::gqa_splits);
     env_int("GROVE_FD_SPLITS", 1, grove_fd::kSplits, grove_fd::max_splits);
     env_int("GROVE_FD_SPLITS", 1, grove_fd::kSplits, grove_fd::one_row_splits);
+    env_int("GROVE_FD_BALANCE", 0, 1, grove_fd::balance);
     const char* in_place = std::getenv("GROVE_FD_IN_PLACE");
     p->in_place = in_place == nullptr || std::strcmp(in_place, "0") != 0;
     *plan_out = new std::shared_ptr<Plan>(std::move(p));
