@@ -126,25 +126,27 @@ void launch_gemv(const GemvArgs& a, cudaStream_t s, int pairs = 1) {
     blocks = std::clamp(resident / pairs, 1, groups);  // (one wave: a block an SM)
   }
   // (`dependent` weighs the bytes of all pairs.)
-  launch(dependent(a, row_bytes * pairs, MODE, gemv_pdl_max_bytes), kernel, dim3(blocks, pairs), kGemvWarps * 32, smem, s, a);
+  launch(dependent(a, row_bytes * pairs, MODE, gemv_pdl_max_bytes), kernel, dim3(blocks, pairs), kGemvWarps * 32,
+         smem, s, a);
 }
 
 // One column per warp where the columns fit the warps the GPU holds at
 // once (each warp then reads one row, and as many warps as columns stream),
 // else two where that still gives every SM a block (each x value read from
-// shared memory then serves two rows of W; but see `balance`). The SiLU products read two rows
-// (gate and up) with one column already. H200, Llama-8B bf16: 243.5 against
-// 233.4 tok/s (its o and down products, 4096 columns, now take one; every
-// other product of the table's models is as before). One column wherever
-// two would not give every warp two (q/k/v too): Llama-8B bf16 240.6,
-// Qwen3-4B bf16 383.4 against 389.0, Llama-8B 4-bit 441.4 against 500.4.
-// (balance, GROVE_FD_BALANCE=0 to compare) Still one column where two
-// leave a short last round of the warps' column pairs and one column a warp
-// takes at most 5/4 of two's columns a warp: Llama-8B 4-bit's q/k/v
-// (6144 columns, 2112 warps: three rounds of one column against two of two).
-// H200, two rounds: 572.2-572.4 tok/s against 568.8-569.1, logits bit for
-// bit; no product of the table's bf16 models changes (Llama-1B, Qwen3-4B,
-// Llama-8B bf16: even, one round).
+// shared memory then serves two rows of W; but see `balance` below). The
+// SiLU products read two rows (gate and up) with one column already. H200,
+// Llama-8B bf16: 243.5 against 233.4 tok/s (its o and down products, 4096
+// columns, now take one; every other product of the table's models is as
+// before). One column wherever two would not give every warp two (q/k/v
+// too): Llama-8B bf16 240.6, Qwen3-4B bf16 383.4 against 389.0, Llama-8B
+// 4-bit 441.4 against 500.4.
+// `balance` (GROVE_FD_BALANCE=0 to compare): one column all the same where
+// two leave a short last round of the warps' column pairs and one column a
+// warp takes at most 5/4 of two's columns a warp: Llama-8B 4-bit's q/k/v
+// (6144 columns, 2112 warps: three rounds of one column against two of
+// two). H200, two rounds: 572.2-572.4 tok/s against 568.8-569.1, logits
+// bit for bit; no product of the table's bf16 models changes (Llama-1B,
+// Qwen3-4B, Llama-8B bf16: even, one round).
 inline int balance = 1;
 
 template <class T, int B, int MODE, bool NORM, int Q>
