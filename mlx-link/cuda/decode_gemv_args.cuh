@@ -204,8 +204,9 @@ __device__ __forceinline__ unsigned swz_span(unsigned c, int j) {
   }
 }
 
-// Vectors of x a thread keeps in registers from its load to its split (gemv,
-// one row of quantized weights: K up to 4 * 8 * 512 values).
+// Vectors of x a thread keeps in registers from its load to its split or
+// normalized store (gemv, one row of quantized weights or of dense ones with
+// a norm: K up to 4 * 8 * 512 values).
 constexpr int kFuseVecs = 4;
 
 __host__ __device__ constexpr size_t gemv_smem(int q, int rows, int k, int t_bytes) {
