@@ -173,52 +173,45 @@ async fn stopped(
     bound: Duration,
 ) -> Result<()> {
     let wait = bound + Duration::from_secs(120);
-    tokio::time::timeout(wait, stopped_unbounded(c, what, template, expected, bound))
+    let case = async {
+        let dir = with_template(template)?;
+        let model = path_str(dir.path());
+        served(c, &model).await?;
+        let pid = runner_pid(c, &model).await?;
+        let before = peak_rss_mib(pid)?;
+        let started = Instant::now();
+        let err = c
+            .chat(chat(&model, "hi", 4))
+            .await
+            .err()
+            .with_context(|| format!("{what}: the chat succeeded"))?;
+        let took = started.elapsed();
+        ensure!(
+            err.code() == tonic::Code::InvalidArgument && err.message().contains(expected),
+            "{what}: {err:?}"
+        );
+        ensure!(took < bound, "{what}: took {took:?}");
+        let peak = peak_rss_mib(pid)?;
+        ensure!(
+            peak < before + 64,
+            "{what}: runner peak RSS grew from {before} to {peak} MiB"
+        );
+        served(c, &model).await?;
+        ensure!(
+            runner_pid(c, &model).await? == pid,
+            "{what}: the runner restarted"
+        );
+        eprintln!(
+            "hostile template: {what}: error after {:.2}s, runner peak RSS {peak} MiB: {}",
+            took.as_secs_f64(),
+            err.message()
+        );
+        c.unload(pb::UnloadRequest { model }).await?;
+        Ok(())
+    };
+    tokio::time::timeout(wait, case)
         .await
         .with_context(|| format!("{what}: not done within {wait:?}"))?
-}
-
-async fn stopped_unbounded(
-    c: &mut GroveClient<Channel>,
-    what: &str,
-    template: &str,
-    expected: &str,
-    bound: Duration,
-) -> Result<()> {
-    let dir = with_template(template)?;
-    let model = path_str(dir.path());
-    served(c, &model).await?;
-    let pid = runner_pid(c, &model).await?;
-    let before = peak_rss_mib(pid)?;
-    let started = Instant::now();
-    let err = c
-        .chat(chat(&model, "hi", 4))
-        .await
-        .err()
-        .with_context(|| format!("{what}: the chat succeeded"))?;
-    let took = started.elapsed();
-    ensure!(
-        err.code() == tonic::Code::InvalidArgument && err.message().contains(expected),
-        "{what}: {err:?}"
-    );
-    ensure!(took < bound, "{what}: took {took:?}");
-    let peak = peak_rss_mib(pid)?;
-    ensure!(
-        peak < before + 64,
-        "{what}: runner peak RSS grew from {before} to {peak} MiB"
-    );
-    served(c, &model).await?;
-    ensure!(
-        runner_pid(c, &model).await? == pid,
-        "{what}: the runner restarted"
-    );
-    eprintln!(
-        "hostile template: {what}: error after {:.2}s, runner peak RSS {peak} MiB: {}",
-        took.as_secs_f64(),
-        err.message()
-    );
-    c.unload(pb::UnloadRequest { model }).await?;
-    Ok(())
 }
 
 /// The sandbox's smallest memory limit (64 MiB) still renders a real
