@@ -119,13 +119,23 @@ __device__ __forceinline__ void release_next() {
 // thread of it has written its share (call from all threads). The last then
 // reads every block's shares (through L2: __ldcg) and, the caller's part,
 // sets the counter back to zero for the next launch.
+// The block's barrier orders its threads' writes before thread 0's add,
+// which releases them and acquires the other blocks' (acq_rel at GPU
+// scope); the second barrier passes that on to the block's threads: CUTLASS's
+// GenericBarrier, with the arrival and the wait in one atomic. (Before: a
+// fence in every thread, the add, and a fence in the last block. H200,
+// Llama-8B 4-bit, two rounds: 574.5-574.9 tok/s against 566.2-570.2;
+// logits bit for bit equal on llama-small bf16 and 4-bit and
+// qwen3-moe-small 4-bit.)
 __device__ __forceinline__ bool last_to_arrive(int* counter, int n) {
   __shared__ bool last;
-  __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == n - 1;
+  if (threadIdx.x == 0) {
+    int before;
+    asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");
+    last = before == n - 1;
+  }
   __syncthreads();
-  if (last) __threadfence();
   return last;
 }
 
