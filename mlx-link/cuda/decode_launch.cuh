@@ -141,10 +141,10 @@ void launch_gemv(const GemvArgs& a, cudaStream_t s, int pairs = 1) {
 // too): Llama-8B bf16 240.6, Qwen3-4B bf16 383.4 against 389.0, Llama-8B
 // 4-bit 441.4 against 500.4.
 // `balance` (GROVE_FD_BALANCE=0 to compare): one column all the same where
-// two leave a short last round of the warps' column pairs and one column a
-// warp takes at most 5/4 of two's columns a warp: Llama-8B 4-bit's q/k/v
-// (6144 columns, 2112 warps: three rounds of one column against two of
-// two). H200, two rounds: 572.2-572.4 tok/s against 568.8-569.1, logits
+// two leave a short last round of the warps' column pairs, so that one
+// column a warp gives each warp fewer than 4/5 of the columns that two give
+// it: Llama-8B 4-bit's q/k/v (6144 columns, 2112 warps: three rounds of one
+// column, three columns a warp, against two rounds of two, four). H200, two rounds: 572.2-572.4 tok/s against 568.8-569.1, logits
 // bit for bit; no product of the table's bf16 models changes (Llama-1B,
 // Qwen3-4B, Llama-8B bf16: even, one round).
 inline int balance = 1;
