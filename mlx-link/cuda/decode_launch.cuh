@@ -144,9 +144,10 @@ void launch_gemv(const GemvArgs& a, cudaStream_t s, int pairs = 1) {
 // two leave a short last round of the warps' column pairs, so that one
 // column a warp gives each warp fewer than 4/5 of the columns that two give
 // it: Llama-8B 4-bit's q/k/v (6144 columns, 2112 warps: three rounds of one
-// column, three columns a warp, against two rounds of two, four). H200, two rounds: 572.2-572.4 tok/s against 568.8-569.1, logits
-// bit for bit; no product of the table's bf16 models changes (Llama-1B,
-// Qwen3-4B, Llama-8B bf16: even, one round).
+// column, three columns a warp, against two rounds of two, four). H200, two
+// rounds: 572.2-572.4 tok/s against 568.8-569.1, logits bit for bit; no
+// product of the table's bf16 models changes (Llama-1B, Qwen3-4B, Llama-8B
+// bf16: even, one round).
 inline int balance = 1;
 
 template <class T, int B, int MODE, bool NORM, int Q>
