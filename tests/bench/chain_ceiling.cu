@@ -21,11 +21,24 @@
 // The share is of the roofline as the table counts it (all the model's
 // weight bytes over --gbs, 4800 GB/s for an H200).
 //
+// With `--arith`, the 4-bit shape's products also do the arithmetic of
+// Grove's 4-bit products (decode_gemv.cuh's consume) on every weight load:
+// two nibble masks and four dp4a a word against x split into 16-bit spans,
+// each load's group scale and bias (2-byte loads, 4 bytes of the phase's
+// bytes a 64 weights, as the roofline counts them) and the span's sum into a
+// float: x from registers (`x regs`: no shared-memory reads, an upper bound
+// that real K does not allow) or from shared memory, four 16-byte vectors a
+// load at a lane's swizzled offsets (`x smem`, as gemv reads them), staged
+// after the wait. No rows, no per-column sums: the bound of a chain with the
+// products' arithmetic and no more (no norm, no split, attention only its
+// bytes).
+//
 // Build (here): GROVE_BACKEND=cuda make chain-ceiling (target/chain_ceiling,
 // the CUDA runtime linked in). Run (the GPU host): chain_ceiling [--gbs 4800]
-// [--steps 50]. Only reports; asserts nothing.
+// [--steps 50] [--arith]. Only reports; asserts nothing.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -105,9 +118,115 @@ __global__ void __launch_bounds__(kThreads) stream(const uint4* w, size_t n, con
   if (threadIdx.x == 0) out[blockIdx.x & 63] = acc;
 }
 
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ int dp4a_uu(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ uint16_t ld_u16(const uint16_t* p) {
+  uint16_t v;
+  asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
+  return v;
+}
+
+constexpr int kXVecs = 512;  // x's split in shared memory: 4096 values as 16-bit spans (8 KiB)
+
+// A 4-bit product's kernel of the chain: vectors [0, nw) of w are weights
+// (32 4-bit values each), then nw / 2 bf16 scales and nw / 2 biases (one of
+// each a 64 values). Each load is summed as gemv's consume sums it: XS = 0 x
+// from registers, 1 from shared memory.
+template <int U, int XS>
+__global__ void __launch_bounds__(kThreads) q4_stream(const uint4* w, size_t n, const uint32_t* prev,
+                                                      uint32_t* out, int dep) {
+  const size_t nw = n / 9 * 8;
+  const uint16_t* scales = reinterpret_cast<const uint16_t*>(w + nw);
+  const uint16_t* biases = scales + nw / 2;
+  const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
+  size_t i = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int lane = threadIdx.x & 31;
+  __shared__ uint4 xs[XS ? kXVecs : 1];
+  __shared__ float xf[XS ? 2 * kXVecs / 4 : 1];
+  uint4 r[U];
+  uint16_t sv[U], bv[U];
+  auto ask4 = [&](size_t at) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const size_t j = at + u * stride;
+      const bool in = j < nw;
+      r[u] = in ? ld_stream(w + j) : make_uint4(0, 0, 0, 0);
+      sv[u] = in ? ld_u16(scales + j / 2) : 0;
+      bv[u] = in ? ld_u16(biases + j / 2) : 0;
+    }
+  };
+  ask4(i);
+  if (dep) asm volatile("griddepcontrol.wait;" ::: "memory");
+  uint32_t acc = prev ? prev[blockIdx.x & 63] : 0u;
+  if (dep) asm volatile("griddepcontrol.launch_dependents;" :::);
+  // x: in registers (values of the thread), or staged into shared memory.
+  uint4 xr[4];
+  float xt_r = 0.f, xsc_r = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; j++) xr[j] = make_uint4(acc + threadIdx.x + j, acc * 3 + j, acc ^ (j * 77), acc + 5 * j);
+  xt_r = __uint_as_float(0x3f800000u | (acc & 0xffu));
+  xsc_r = __uint_as_float(0x37800000u | (threadIdx.x & 0xffu));
+  if constexpr (XS) {
+    for (int c = threadIdx.x; c < kXVecs; c += kThreads)
+      xs[c] = make_uint4(acc + c, acc * 3 + c, acc ^ c, acc + 5 * c);
+    for (int c = threadIdx.x; c < 2 * kXVecs / 4; c += kThreads) xf[c] = __uint_as_float(0x3f800000u | (c & 0xffu));
+    __syncthreads();
+  }
+  float accf = 0.f;
+  unsigned m = 0;  // (the lane's loads taken: which span of x it meets)
+  for (;;) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      // A lane's load meets span c = lane + 32 m (4 vectors, rotated by
+      // c / 2 mod 4 as swz_span does: no bank conflicts).
+      const unsigned c = (lane + 32 * (m + u)) & (kXVecs / 4 - 1);
+      uint4 xv[4];
+      float xt = xt_r, xsc = xsc_r;
+      if constexpr (XS) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) xv[j] = xs[c * 4 + ((j + (c >> 1)) & 3)];
+        xt = xf[c];
+        xsc = xf[kXVecs / 4 + c];
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) xv[j] = xr[j];
+      }
+      const uint32_t words[4] = {r[u].x, r[u].y, r[u].z, r[u].w};
+      int hi = 0, lo = 0;
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const uint32_t even = words[j] & 0x0f0f0f0fu, odd = (words[j] >> 4) & 0x0f0f0f0fu;
+        hi = dp4a_us(even, xv[j].x, hi);
+        hi = dp4a_us(odd, xv[j].y, hi);
+        lo = dp4a_uu(even, xv[j].z, lo);
+        lo = dp4a_uu(odd, xv[j].w, lo);
+      }
+      const float xq = static_cast<float>(hi * 256 + lo) * xsc;
+      const float s = __uint_as_float(static_cast<uint32_t>(sv[u]) << 16);
+      const float b = __uint_as_float(static_cast<uint32_t>(bv[u]) << 16);
+      accf = fmaf(s, xq, fmaf(b, xt, accf));
+    }
+    m += U;
+    i += U * stride;
+    if (i >= nw) break;
+    ask4(i);
+  }
+  acc = block_xor(acc ^ __float_as_uint(accf));
+  if (threadIdx.x == 0) out[blockIdx.x & 63] = acc;
+}
+
 struct Phase {
   const uint4* w;
   size_t n;
+  bool q4 = false;  // a 4-bit product's weights, scales and biases
 };
 
 // The whole chain as one kernel: phase p's first loads, then a barrier on
@@ -147,6 +266,7 @@ struct Shape {
   std::vector<double> layer;          // a layer's kernels' bytes, in order
   int layers;
   double head;                        // the LM head's bytes
+  bool q4 = false;                    // 4-bit products
 };
 
 // Bytes of a [rows, k] matrix: bf16, or 4-bit with a bf16 scale and bias
@@ -156,7 +276,7 @@ double mat(double rows, double k, bool q4) { return rows * k * (q4 ? 0.5 + 4.0 /
 Shape llama(const char* name, int hidden, int heads, int kv, int hd, int inter, int layers, bool tied,
             bool q4) {
   const double vocab = 128256, ctx = 640;
-  Shape s{name, 0, {}, layers, 0};
+  Shape s{name, 0, {}, layers, 0, q4};
   s.layer = {mat(heads * hd + 2 * kv * hd, hidden, q4), ctx * kv * hd * 2 * 2, mat(hidden, heads * hd, q4),
              mat(2.0 * inter, hidden, q4), mat(hidden, inter, q4)};
   s.head = mat(vocab, hidden, q4);
@@ -175,22 +295,24 @@ struct Chain {
 Chain chain_of(const Shape& s, const uint4* buf, size_t buf_vecs) {
   Chain c;
   size_t at = 0;
-  auto add = [&](double bytes) {
+  auto add = [&](double bytes, bool q4) {
     const size_t n = static_cast<size_t>(bytes / 16);
     if (at + n > buf_vecs) at = 0;  // (only if the buffer is short: never for these shapes)
-    c.phases.push_back({buf + at, n});
+    c.phases.push_back({buf + at, n, q4});
     at += n;
     c.bytes += n * 16.0;
   };
   for (int l = 0; l < s.layers; l++)
-    for (double b : s.layer) add(b);
-  add(s.head);
+    for (size_t k = 0; k < s.layer.size(); k++) add(s.layer[k], s.q4 && k != 1);  // (1: attention's keys)
+  add(s.head, s.q4);
   return c;
 }
 
+// arith: -1 bytes only; 0 / 1 the 4-bit products' arithmetic with x from
+// registers / shared memory (plain and pdl only).
 template <int U>
 float time_mode(const std::string& mode, const Chain& c, int blocks, int steps, cudaStream_t st,
-                uint32_t* out, unsigned* arrived, Phase* dphases) {
+                uint32_t* out, unsigned* arrived, Phase* dphases, int arith = -1) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
@@ -210,7 +332,14 @@ float time_mode(const std::string& mode, const Chain& c, int blocks, int steps, 
       const bool dep = mode == "pdl";
       const uint32_t* prev = nullptr;
       for (const Phase& p : c.phases) {
-        grove_fd::launch(dep, stream<U>, dim3(blocks), dim3(kThreads), 0, st, p.w, p.n, prev, out, dep ? 1 : 0);
+        if (p.q4 && arith == 0)
+          grove_fd::launch(dep, q4_stream<U, 0>, dim3(blocks), dim3(kThreads), 0, st, p.w, p.n, prev, out,
+                           dep ? 1 : 0);
+        else if (p.q4 && arith == 1)
+          grove_fd::launch(dep, q4_stream<U, 1>, dim3(blocks), dim3(kThreads), 0, st, p.w, p.n, prev, out,
+                           dep ? 1 : 0);
+        else
+          grove_fd::launch(dep, stream<U>, dim3(blocks), dim3(kThreads), 0, st, p.w, p.n, prev, out, dep ? 1 : 0);
         prev = out;
       }
     }
@@ -245,9 +374,11 @@ float time_mode(const std::string& mode, const Chain& c, int blocks, int steps, 
 int main(int argc, char** argv) {
   double gbs = 4800;
   int steps = 50;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--gbs")) gbs = std::atof(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
+  bool arith = false;
+  for (int i = 1; i < argc; i++) {
+    if (!std::strcmp(argv[i], "--arith")) arith = true;
+    else if (i + 1 < argc && !std::strcmp(argv[i], "--gbs")) gbs = std::atof(argv[++i]);
+    else if (i + 1 < argc && !std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[++i]);
   }
   int dev = 0, sms = 0;
   CK(cudaGetDevice(&dev));
@@ -300,6 +431,48 @@ int main(int argc, char** argv) {
       }
     }
     CK(cudaFree(dphases));
+  }
+  // The 4-bit shape's chain again, its products doing their arithmetic.
+  if (arith) {
+    const Shape& s = shapes[2];
+    const Chain c = chain_of(s, buf, need);
+    auto regs = [](const void* f) {
+      cudaFuncAttributes fa;
+      CK(cudaFuncGetAttributes(&fa, f));
+      return fa.numRegs;
+    };
+    std::printf("registers a thread: bytes only %d / %d, x regs %d / %d, x smem %d / %d (4 / 8 loads)\n",
+                regs((const void*)stream<4>), regs((const void*)stream<8>), regs((const void*)q4_stream<4, 0>),
+                regs((const void*)q4_stream<8, 0>), regs((const void*)q4_stream<4, 1>),
+                regs((const void*)q4_stream<8, 1>));
+    // (Three rounds over all the variants, each round in the same order:
+    // the fastest and slowest of each.)
+    struct Row {
+      int a, per_sm, u;
+      const char* mode;
+      float lo = 1e9f, hi = 0.f;
+    };
+    std::vector<Row> rows;
+    for (int a : {-1, 0, 1})
+      for (const char* mode : {"plain", "pdl"})
+        for (int per_sm : {1, 2})
+          for (int u : {4, 8}) rows.push_back({a, per_sm, u, mode});
+    for (int round = 0; round < 3; round++)
+      for (Row& r : rows) {
+        const int blocks = sms * r.per_sm;
+        const float ms = r.u == 4 ? time_mode<4>(r.mode, c, blocks, steps, st, out, arrived, nullptr, r.a)
+                                  : time_mode<8>(r.mode, c, blocks, steps, st, out, arrived, nullptr, r.a);
+        r.lo = std::min(r.lo, ms);
+        r.hi = std::max(r.hi, ms);
+      }
+    std::printf("| shape | products | mode | blocks | loads a thread | us a step (3 rounds) | tok/s | share of roofline |\n");
+    std::printf("|---|---|---|---|---|---|---|---|\n");
+    for (const Row& r : rows) {
+      const double share = 100.0 * s.roofline_bytes / (gbs * 1e9) * 1000.0;
+      std::printf("| %s | %s | %s | %d/SM | %d | %.1f-%.1f | %.1f-%.1f | %.1f-%.1f%% |\n", s.name,
+                  r.a < 0 ? "bytes only" : r.a == 0 ? "x regs" : "x smem", r.mode, r.per_sm, r.u, r.lo * 1000,
+                  r.hi * 1000, 1000.0 / r.hi, 1000.0 / r.lo, share / r.hi, share / r.lo);
+    }
   }
   // The boundaries alone: the chains with no bytes (Llama-8B's 161 kernels).
   {
