@@ -4,6 +4,7 @@
 // layout of the products' shared memory.
 #pragma once
 #include "decode_common.cuh"
+#include "dp4a.h"  // dp4a_us, dp4a_uu
 
 namespace grove_fd {
 
@@ -85,19 +86,6 @@ __device__ __forceinline__ void rms_norm8(const uint4 x, const uint4 w, float in
   unpack8<T>(w, g);
 #pragma unroll
   for (int j = 0; j < 8; j++) out[j] = g[j] * rt<T>(out[j] * inv);
-}
-
-// Integer dot products of four byte pairs added to c (PTX dp4a): a's bytes
-// unsigned, b's signed (us) or unsigned (uu).
-__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
-  int d;
-  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-__device__ __forceinline__ int dp4a_uu(uint32_t a, uint32_t b, int c) {
-  int d;
-  asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
 }
 
 // A span of x (the values one lane's 16-byte load of Q-bit weights meets)

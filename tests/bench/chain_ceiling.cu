@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "../../mlx-link/cuda/dp4a.h"  // grove_fd::dp4a_us / dp4a_uu, as gemv sums
 #include "../../mlx-link/cuda/launch_util.h"  // grove_fd::launch, as the step launches
 
 #define CK(e)                                                                               \
@@ -118,16 +119,6 @@ __global__ void __launch_bounds__(kThreads) stream(const uint4* w, size_t n, con
   if (threadIdx.x == 0) out[blockIdx.x & 63] = acc;
 }
 
-__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
-  int d;
-  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-__device__ __forceinline__ int dp4a_uu(uint32_t a, uint32_t b, int c) {
-  int d;
-  asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
 __device__ __forceinline__ uint16_t ld_u16(const uint16_t* p) {
   uint16_t v;
   asm volatile("ld.global.nc.u16 %0, [%1];" : "=h"(v) : "l"(p));
@@ -204,10 +195,10 @@ __global__ void __launch_bounds__(kThreads) q4_stream(const uint4* w, size_t n, 
 #pragma unroll
       for (int j = 0; j < 4; j++) {
         const uint32_t even = words[j] & 0x0f0f0f0fu, odd = (words[j] >> 4) & 0x0f0f0f0fu;
-        hi = dp4a_us(even, xv[j].x, hi);
-        hi = dp4a_us(odd, xv[j].y, hi);
-        lo = dp4a_uu(even, xv[j].z, lo);
-        lo = dp4a_uu(odd, xv[j].w, lo);
+        hi = grove_fd::dp4a_us(even, xv[j].x, hi);
+        hi = grove_fd::dp4a_us(odd, xv[j].y, hi);
+        lo = grove_fd::dp4a_uu(even, xv[j].z, lo);
+        lo = grove_fd::dp4a_uu(odd, xv[j].w, lo);
       }
       const float xq = static_cast<float>(hi * 256 + lo) * xsc;
       const float s = __uint_as_float(static_cast<uint32_t>(sv[u]) << 16);
